@@ -1,0 +1,90 @@
+"""The FastAPI application: routers, error translation, start-up work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from bcm import __version__
+from bcm.api.v1 import categories, events, nodes, operations, tokens
+from bcm.errors import BcmError
+from bcm.settings import Settings
+
+log = logging.getLogger("bcm.api")
+
+
+def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+async def _bcm_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BcmError)
+    return JSONResponse(status_code=exc.status_code, content=exc.to_dict())
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    details = []
+    for err in exc.errors():
+        field = _field_of(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        details.append({"field": field, "message": msg})
+    first = details[0] if details else {"field": "body", "message": "invalid request"}
+    message = (
+        first["message"]
+        if first["message"].startswith(first["field"] + ":")
+        else (f"{first['field']}: {first['message']}")
+    )
+    return JSONResponse(
+        status_code=422,
+        content={"error": "InvalidInput", "message": message, "field": first["field"], "details": details},
+    )
+
+
+async def _integrity_error(_request: Request, exc: Exception) -> JSONResponse:
+    # a race between the uniqueness check and the insert: still a clean 409, nothing stored
+    log.info("integrity error: %s", type(exc).__name__)
+    return JSONResponse(
+        status_code=409, content={"error": "Duplicate", "message": "a unique value is already in use"}
+    )
+
+
+def create_app(settings: Settings, engine: Engine) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from bcm.workers.runner import Runner
+
+        app.state.runner = Runner(engine, settings)
+        try:
+            yield
+        finally:
+            await app.state.runner.shutdown()
+
+    app = FastAPI(
+        title="bcm",
+        version=__version__,
+        lifespan=lifespan,
+        description="Head-node server for bare-metal GPU clusters",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.add_exception_handler(BcmError, _bcm_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(IntegrityError, _integrity_error)
+
+    @app.get("/healthz", tags=["meta"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    for module in (nodes, categories, operations, events, tokens):
+        app.include_router(module.router, prefix="/api/v1")
+    return app

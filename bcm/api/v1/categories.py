@@ -1,0 +1,39 @@
+"""/api/v1/categories: the defaults nodes inherit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, status
+
+from bcm.api.deps import Operator, SessionDep, Viewer, actor
+from bcm.models.category import CategoryCreate, CategoryPublic, CategoryUpdate
+from bcm.services import categories as svc
+
+router = APIRouter(prefix="/categories", tags=["categories"])
+
+
+@router.get("", response_model=list[CategoryPublic])
+def list_categories(session: SessionDep, _t: Viewer) -> list[CategoryPublic]:
+    return svc.list_public(session)
+
+
+@router.post("", response_model=CategoryPublic, status_code=status.HTTP_201_CREATED)
+def create_category(spec: CategoryCreate, session: SessionDep, token: Operator) -> CategoryPublic:
+    return svc.to_public(svc.create(session, spec, actor(token)))
+
+
+@router.get("/{name}", response_model=CategoryPublic)
+def get_category(name: str, session: SessionDep, _t: Viewer) -> CategoryPublic:
+    return next(c for c in svc.list_public(session) if c.name == svc.get(session, name).name)
+
+
+@router.patch("/{name}", response_model=CategoryPublic)
+def update_category(name: str, spec: CategoryUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
+    return svc.to_public(svc.update_category(session, name, spec, actor(token)))
+
+
+@router.delete("/{name}")
+def delete_category(name: str, session: SessionDep, token: Operator) -> dict[str, Any]:
+    svc.delete(session, name, actor(token))
+    return {"deleted": name}

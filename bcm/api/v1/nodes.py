@@ -1,0 +1,85 @@
+"""/api/v1/nodes: register, query, update, remove nodes and send them verbs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, status
+
+from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
+from bcm.domain.naming import expand_hostlist
+from bcm.models.node import (
+    NodeBulkCreate,
+    NodeCreate,
+    NodePage,
+    NodePublic,
+    NodeUpdate,
+    VerbRequest,
+    VerbResult,
+)
+from bcm.services import nodes as svc
+
+router = APIRouter(prefix="/nodes", tags=["nodes"])
+NamePath = Annotated[str, "node name"]
+
+
+@router.get("", response_model=NodePage)
+def list_nodes(
+    session: SessionDep,
+    _t: Viewer,
+    state: str | None = None,
+    category: Annotated[str | None, Query(max_length=63)] = None,
+    nodes: Annotated[str | None, Query(max_length=65535, description="hostlist, e.g. gpu[01-16]")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> NodePage:
+    rows, total = svc.query(
+        session, state=state, category=category, hostlist=nodes, limit=limit, offset=offset
+    )
+    return NodePage(items=svc.to_public(session, rows), total=total, limit=limit, offset=offset)
+
+
+@router.post("", response_model=NodePublic, status_code=status.HTTP_201_CREATED)
+def create_node(spec: NodeCreate, session: SessionDep, token: Operator) -> NodePublic:
+    node = svc.create(session, spec, actor(token))
+    return svc.to_public(session, [node])[0]
+
+
+@router.post("/bulk", response_model=list[NodePublic], status_code=status.HTTP_201_CREATED)
+def bulk_create(spec: NodeBulkCreate, session: SessionDep, token: Operator) -> list[NodePublic]:
+    return svc.to_public(session, svc.bulk_create(session, spec, actor(token)))
+
+
+@router.delete("")
+def delete_nodes(
+    session: SessionDep, token: Operator, nodes: Annotated[str, Query(max_length=65535)]
+) -> dict[str, Any]:
+    names = svc.delete(session, expand_hostlist(nodes), actor(token))
+    return {"deleted": names}
+
+
+@router.post("/actions/{verb}", response_model=VerbResult)
+async def node_verb(verb: str, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
+    runner = request.app.state.runner
+    return await runner.verb(verb, expand_hostlist(body.nodes), actor(token), body.reason)
+
+
+@router.get("/{name}", response_model=NodePublic)
+def get_node(name: NamePath, session: SessionDep, _t: Viewer) -> NodePublic:
+    return svc.to_public(session, [svc.get(session, name)])[0]
+
+
+@router.get("/{name}/hardware")
+def get_hardware(name: NamePath, session: SessionDep, _t: Viewer) -> dict[str, Any]:
+    return svc.hardware(session, name)
+
+
+@router.patch("/{name}", response_model=NodePublic)
+def update_node(name: NamePath, spec: NodeUpdate, session: SessionDep, token: Operator) -> NodePublic:
+    node = svc.update_node(session, name, spec, actor(token))
+    return svc.to_public(session, [node])[0]
+
+
+@router.delete("/{name}")
+def delete_node(name: NamePath, session: SessionDep, token: Admin) -> dict[str, Any]:
+    return {"deleted": svc.delete(session, [name], actor(token))}

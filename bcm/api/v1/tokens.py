@@ -1,0 +1,36 @@
+"""/api/v1/tokens: API tokens (admin only). A token's secret is shown once, at creation."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from bcm.api.deps import Admin, SessionDep, actor
+from bcm.errors import InvalidInput
+from bcm.models.auth import Role, TokenCreate, TokenCreated, TokenPublic
+from bcm.services import auth as svc
+from bcm.services import events
+
+router = APIRouter(prefix="/tokens", tags=["tokens"])
+
+
+@router.get("", response_model=list[TokenPublic])
+def list_tokens(session: SessionDep, _t: Admin, include_revoked: bool = False) -> list[TokenPublic]:
+    return [
+        TokenPublic.model_validate(t, from_attributes=True) for t in svc.list_tokens(session, include_revoked)
+    ]
+
+
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+def create_token(spec: TokenCreate, session: SessionDep, token: Admin) -> TokenCreated:
+    if spec.role is Role.NODE:
+        raise InvalidInput("role: node tokens are issued per node (bcm node token NODE)", field="role")
+    row, secret = svc.issue(session, spec.name, spec.role)
+    events.record(session, actor(token), "token.create", spec.name, f"role {spec.role.value}")
+    return TokenCreated(**TokenPublic.model_validate(row, from_attributes=True).model_dump(), token=secret)
+
+
+@router.delete("/{token_id}", response_model=TokenPublic)
+def revoke_token(token_id: int, session: SessionDep, token: Admin) -> TokenPublic:
+    row = svc.revoke(session, token_id)
+    events.record(session, actor(token), "token.revoke", row.name)
+    return TokenPublic.model_validate(row, from_attributes=True)

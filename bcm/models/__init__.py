@@ -1,0 +1,22 @@
+"""SQLModel tables and API schemas, one module per aggregate. Importing this registers every table."""
+
+from bcm.models.auth import ApiToken, Role
+from bcm.models.category import Category
+from bcm.models.event import Event
+from bcm.models.gpu import Gpu
+from bcm.models.image import Image
+from bcm.models.node import Interface, Node
+from bcm.models.operation import Operation, OpState
+
+__all__ = [
+    "ApiToken",
+    "Category",
+    "Event",
+    "Gpu",
+    "Image",
+    "Interface",
+    "Node",
+    "OpState",
+    "Operation",
+    "Role",
+]

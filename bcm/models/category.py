@@ -1,0 +1,48 @@
+"""Categories: named defaults that nodes inherit (BCM's word; Warewulf says profile)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import field_validator
+from sqlmodel import Field, SQLModel
+
+from bcm.domain.naming import check_name
+from bcm.models.base import json_column, ts_column, utcnow
+
+
+class CategoryBase(SQLModel):
+    image: str | None = Field(default=None, max_length=128)
+    kernel_args: str | None = Field(default=None, max_length=1024)
+    wlm_role: str | None = Field(default=None, max_length=32)
+    boot_mode: str | None = Field(default=None, max_length=16)
+    description: str | None = Field(default=None, max_length=1024)
+
+
+class Category(CategoryBase, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True, max_length=63)
+    health_policy: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+
+
+class CategoryCreate(CategoryBase):
+    name: str = Field(max_length=63)
+    health_policy: dict[str, Any] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v)
+
+
+class CategoryUpdate(CategoryBase):
+    health_policy: dict[str, Any] | None = None
+
+
+class CategoryPublic(CategoryBase):
+    name: str
+    health_policy: dict[str, Any] | None = None
+    node_count: int = 0
+    created_at: datetime

@@ -1,0 +1,178 @@
+"""Nodes and their network interfaces, with the API schema family for each."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import field_validator, model_validator
+from sqlalchemy import Text
+from sqlmodel import Column, Field, SQLModel
+
+from bcm.domain.naming import check_name, normalize_ip, normalize_mac
+from bcm.domain.states import State
+from bcm.models.base import json_column, ts_column, utcnow
+
+
+class Interface(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    node_id: int = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+    name: str = Field(default="eth0", max_length=15)
+    mac: str | None = Field(default=None, max_length=17, unique=True, index=True)
+    ip: str | None = Field(default=None, max_length=45, unique=True, index=True)
+    boot: bool = True
+
+
+class InterfaceSpec(SQLModel):
+    name: str = Field(default="eth0", min_length=1, max_length=15)
+    mac: str | None = None
+    ip: str | None = None
+    boot: bool = True
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_mac(v)
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_ip(v)
+
+
+class NodeSettings(SQLModel):
+    """Fields a node may set to override its category."""
+
+    image: str | None = Field(default=None, max_length=128)
+    kernel_args: str | None = Field(default=None, max_length=1024)
+    wlm_role: str | None = Field(default=None, max_length=32)
+    boot_mode: str | None = Field(default=None, max_length=16)
+    comment: str | None = Field(default=None, max_length=1024)
+
+
+class Node(NodeSettings, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=63, unique=True, index=True)
+    category_id: int | None = Field(default=None, foreign_key="category.id", index=True)
+    provision_state: str = Field(default=State.REGISTERED, max_length=16, index=True)
+    target_state: str | None = Field(default=None, max_length=16)
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    wlm_state: str | None = Field(default=None, max_length=32)
+    ssh_host_key: str | None = Field(default=None, sa_column=Column(Text))
+    facts: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    lock_owner: str | None = Field(default=None, max_length=64)
+    lock_expires: datetime | None = Field(default=None, sa_column=ts_column())
+    created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    inventoried_at: datetime | None = Field(default=None, sa_column=ts_column())
+
+
+class NodeCreate(NodeSettings):
+    name: str = Field(max_length=63)
+    category: str | None = Field(default=None, max_length=63)
+    mac: str | None = None
+    ip: str | None = None
+    interfaces: list[InterfaceSpec] = Field(default_factory=list, max_length=16)
+    ssh_host_key: str | None = Field(default=None, max_length=16384)
+    state: State = State.REGISTERED
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v)
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_mac(v)
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_ip(v)
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, v: State) -> State:
+        if v not in (State.REGISTERED, State.DISCOVERED):
+            raise ValueError("a new node starts as registered or discovered")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way_to_say_interfaces(self) -> NodeCreate:
+        if self.interfaces and (self.mac or self.ip):
+            raise ValueError("give either mac/ip or interfaces, not both")
+        return self
+
+    def interface_specs(self) -> list[InterfaceSpec]:
+        if self.interfaces:
+            return list(self.interfaces)
+        if self.mac or self.ip:
+            return [InterfaceSpec(mac=self.mac, ip=self.ip)]
+        return []
+
+
+class NodeBulkCreate(NodeSettings):
+    """Many nodes from a hostlist; MACs and IPs count up from the first ones given."""
+
+    nodes: str = Field(max_length=65535)
+    category: str | None = Field(default=None, max_length=63)
+    mac: str | None = None
+    ip: str | None = None
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_mac(v)
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_ip(v)
+
+
+class NodeUpdate(NodeSettings):
+    category: str | None = Field(default=None, max_length=63)
+    ssh_host_key: str | None = Field(default=None, max_length=16384)
+    interfaces: list[InterfaceSpec] | None = Field(default=None, max_length=16)
+
+
+class InterfacePublic(SQLModel):
+    name: str
+    mac: str | None
+    ip: str | None
+    boot: bool
+
+
+class NodePublic(NodeSettings):
+    name: str
+    category: str | None
+    provision_state: str
+    target_state: str | None
+    last_error: str | None
+    wlm_state: str | None
+    interfaces: list[InterfacePublic]
+    gpu_count: int = 0
+    locked_by: str | None = None
+    effective: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+    updated_at: datetime
+    inventoried_at: datetime | None = None
+
+
+class NodePage(SQLModel):
+    items: list[NodePublic]
+    total: int
+    limit: int
+    offset: int
+
+
+class VerbRequest(SQLModel):
+    nodes: str = Field(max_length=65535)
+    reason: str | None = Field(default=None, max_length=512)
+
+
+class VerbResult(SQLModel):
+    verb: str
+    nodes: list[dict[str, Any]]
+    operation_id: int | None = None

@@ -1,0 +1,43 @@
+"""`bcm serve`: prepare the state directory and database, then run the API with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import uvicorn
+from sqlalchemy.engine import Engine
+
+from bcm.api.app import create_app
+from bcm.db import make_engine, session_scope, upgrade
+from bcm.services import auth, categories
+from bcm.settings import Settings
+
+log = logging.getLogger("bcm.server")
+
+
+def prepare(settings: Settings) -> tuple[Engine, str | None]:
+    """State dir (0700), schema at head, first admin token. Returns the engine and a new token file."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(settings.state_dir, 0o700)
+    engine = make_engine(settings.effective_database_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        token_file = auth.bootstrap_admin(session, settings.admin_token_file)
+        categories.seed_defaults(session)
+    return engine, token_file
+
+
+def serve(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine, token_file = prepare(settings)
+    if token_file:
+        log.warning("created the first admin token; it is in %s (mode 0600)", token_file)
+    db = engine.url.render_as_string(hide_password=True)
+    log.info("bcm serving on http://%s:%s, database %s", settings.host, settings.port, db)
+    app = create_app(settings, engine)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False
+    )

@@ -1,0 +1,83 @@
+"""API tokens: issue, verify, revoke. Only SHA-256 hashes are stored; a token is shown once."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from bcm.errors import Forbidden, NotFound, Unauthorized
+from bcm.models.auth import ApiToken, Role
+from bcm.models.base import utcnow
+
+TOKEN_PREFIX = "bcm_"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue(session: Session, name: str, role: Role, *, node_id: int | None = None) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the secret, which is never stored."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(
+        name=name, role=role.value, token_hash=hash_token(secret), prefix=secret[:10], node_id=node_id
+    )
+    session.add(row)
+    session.flush()
+    return row, secret
+
+
+def verify(session: Session, token: str | None) -> ApiToken:
+    """The live token row for a bearer secret, or Unauthorized."""
+    if not token:
+        raise Unauthorized("missing bearer token (set BCM_TOKEN or pass --token)")
+    row = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
+    if row is None or row.revoked_at is not None:
+        raise Unauthorized("invalid or revoked token")
+    return row
+
+
+def require_role(token: ApiToken, needed: Role) -> None:
+    role = Role(token.role)
+    if role is Role.NODE and needed is not Role.NODE:
+        raise Forbidden("a node token may only report for its own node")
+    if role.rank < needed.rank:
+        raise Forbidden(f"role {role.value} may not do this (needs {needed.value})")
+
+
+def list_tokens(session: Session, include_revoked: bool = False) -> list[ApiToken]:
+    stmt = select(ApiToken).where(col(ApiToken.node_id).is_(None))
+    if not include_revoked:
+        stmt = stmt.where(col(ApiToken.revoked_at).is_(None))
+    return list(session.exec(stmt.order_by(col(ApiToken.id))))
+
+
+def revoke(session: Session, token_id: int) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None or row.node_id is not None:
+        raise NotFound(f"token {token_id} not found")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.add(row)
+    return row
+
+
+def bootstrap_admin(session: Session, token_file: Path) -> str | None:
+    """On an empty token table, make an admin token and write it 0600 to ``token_file``.
+
+    Returns the file path written, or None when admin tokens already exist.
+    """
+    exists = session.exec(select(ApiToken).where(ApiToken.role == Role.ADMIN.value)).first()
+    if exists is not None:
+        return None
+    _row, secret = issue(session, "bootstrap-admin", Role.ADMIN)
+    token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+    os.chmod(token_file, 0o600)
+    return str(token_file)

@@ -1,0 +1,345 @@
+"""Node use cases: register (one or a hostlist), query, update, remove, verbs, per-node locks.
+
+Services flush but never commit: the request or background job owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, update
+from sqlmodel import Session, col, select
+
+from bcm.domain.inheritance import effective_settings
+from bcm.domain.naming import expand_hostlist, fold_hostlist, ip_sequence, mac_sequence
+from bcm.domain.states import PUBLIC_VERBS, State, Verb, next_state
+from bcm.errors import Duplicate, IllegalTransition, InvalidInput, LockHeld, NotFound
+from bcm.models.base import utcnow
+from bcm.models.category import Category
+from bcm.models.gpu import Gpu
+from bcm.models.node import Interface as Iface
+from bcm.models.node import (
+    InterfacePublic,
+    InterfaceSpec,
+    Node,
+    NodeBulkCreate,
+    NodeCreate,
+    NodePublic,
+    NodeUpdate,
+)
+from bcm.services import events
+
+CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
+SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment")
+
+
+def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _category_id(session: Session, name: str | None) -> int | None:
+    if name is None:
+        return None
+    cat = session.exec(select(Category).where(Category.name == name)).first()
+    if cat is None:
+        raise InvalidInput(
+            f"category: unknown category {name!r} (create it with `bcm category add`)", field="category"
+        )
+    return cat.id
+
+
+def _taken(session: Session, column: Any, values: list[str]) -> list[str]:
+    found: list[str] = []
+    for chunk in _chunks(values):
+        found += [v for v in session.exec(select(column).where(column.in_(chunk)))]
+    return found
+
+
+def _check_unique(session: Session, names: list[str], ifaces: list[InterfaceSpec]) -> None:
+    """Duplicates within the request or against stored nodes → Duplicate naming field and values."""
+    checks: list[tuple[str, Any, list[str]]] = [
+        ("name", Node.name, names),
+        ("mac", Iface.mac, [i.mac for i in ifaces if i.mac]),
+        ("ip", Iface.ip, [i.ip for i in ifaces if i.ip]),
+    ]
+    for field, column, values in checks:
+        repeated = [v for v, n in Counter(values).items() if n > 1]
+        if repeated:
+            raise Duplicate(f"{field}: given more than once: {', '.join(repeated[:5])}", field=field)
+        taken = _taken(session, column, values)
+        if taken:
+            more = f" (and {len(taken) - 5} more)" if len(taken) > 5 else ""
+            raise Duplicate(f"{field}: already in use: {', '.join(sorted(taken)[:5])}{more}", field=field)
+
+
+def create(session: Session, spec: NodeCreate, actor: str) -> Node:
+    ifaces = spec.interface_specs()
+    _check_unique(session, [spec.name], ifaces)
+    node = Node(
+        name=spec.name,
+        category_id=_category_id(session, spec.category),
+        provision_state=spec.state.value,
+        ssh_host_key=spec.ssh_host_key,
+        **{f: getattr(spec, f) for f in SETTING_FIELDS},
+    )
+    session.add(node)
+    session.flush()
+    assert node.id is not None
+    session.add_all([Iface(node_id=node.id, **i.model_dump()) for i in ifaces])
+    events.record(session, actor, "node.create", node.name)
+    session.flush()
+    return node
+
+
+def bulk_create(session: Session, spec: NodeBulkCreate, actor: str) -> list[Node]:
+    """All nodes of a hostlist, MACs/IPs consecutive from the first given; all or nothing."""
+    names = expand_hostlist(spec.nodes)
+    macs = mac_sequence(spec.mac, len(names)) if spec.mac else [None] * len(names)
+    ips = ip_sequence(spec.ip, len(names)) if spec.ip else [None] * len(names)
+    ifaces = [InterfaceSpec(mac=m, ip=i) for m, i in zip(macs, ips, strict=True) if m or i]
+    _check_unique(session, names, ifaces)
+    category_id = _category_id(session, spec.category)
+    settings = {f: getattr(spec, f) for f in SETTING_FIELDS}
+    nodes = [Node(name=n, category_id=category_id, **settings) for n in names]
+    session.add_all(nodes)
+    session.flush()
+    if spec.mac or spec.ip:
+        session.add_all(
+            [Iface(node_id=n.id, mac=m, ip=i) for n, m, i in zip(nodes, macs, ips, strict=True)]  # type: ignore[arg-type]
+        )
+    events.record(session, actor, "node.create", fold_hostlist(names), f"{len(names)} nodes")
+    session.flush()
+    return nodes
+
+
+def get(session: Session, name: str) -> Node:
+    node = session.exec(select(Node).where(Node.name == name)).first()
+    if node is None:
+        raise NotFound(f"node {name!r} not found")
+    return node
+
+
+def get_many(session: Session, names: list[str]) -> list[Node]:
+    """Nodes in the order named; NotFound lists every unknown name."""
+    found: dict[str, Node] = {}
+    for chunk in _chunks(names):
+        found.update({n.name: n for n in session.exec(select(Node).where(col(Node.name).in_(chunk)))})
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise NotFound(f"unknown node(s): {fold_hostlist(missing)}")
+    return [found[n] for n in names]
+
+
+def query(
+    session: Session,
+    *,
+    state: str | None = None,
+    category: str | None = None,
+    hostlist: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[Node], int]:
+    stmt = select(Node)
+    if state:
+        try:
+            State(state)
+        except ValueError:
+            raise InvalidInput(f"state: unknown state {state!r}", field="state") from None
+        stmt = stmt.where(Node.provision_state == state)
+    if category:
+        stmt = stmt.where(Node.category_id == _category_id(session, category))
+    if hostlist:
+        names = expand_hostlist(hostlist, "nodes")
+        if len(names) > CHUNK:
+            stmt = stmt.where(or_(*[col(Node.name).in_(c) for c in _chunks(names)]))
+        else:
+            stmt = stmt.where(col(Node.name).in_(names))
+    total = session.exec(select(func.count()).select_from(stmt.subquery())).one()
+    rows = session.exec(stmt.order_by(col(Node.name)).offset(offset).limit(limit))
+    return list(rows), int(total)
+
+
+def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
+    """API views of nodes, with interfaces, GPU counts and effective settings (3 queries per page)."""
+    ids = [n.id for n in nodes]
+    ifaces: dict[int, list[Iface]] = {}
+    gpus: dict[int, int] = {}
+    for chunk in _chunks(ids):
+        for i in session.exec(select(Iface).where(col(Iface.node_id).in_(chunk)).order_by(col(Iface.id))):
+            ifaces.setdefault(i.node_id, []).append(i)
+        stmt = select(Gpu.node_id, func.count()).where(col(Gpu.node_id).in_(chunk)).group_by(col(Gpu.node_id))
+        gpus.update({nid: cnt for nid, cnt in session.exec(stmt)})
+    cat_ids = {n.category_id for n in nodes if n.category_id is not None}
+    cats = (
+        {c.id: c for c in session.exec(select(Category).where(col(Category.id).in_(cat_ids)))}
+        if cat_ids
+        else {}
+    )
+    out = []
+    for n in nodes:
+        cat = cats.get(n.category_id) if n.category_id is not None else None
+        eff = effective_settings(n.model_dump(), cat.model_dump() if cat else None)
+        out.append(
+            NodePublic(
+                name=n.name,
+                category=cat.name if cat else None,
+                provision_state=n.provision_state,
+                target_state=n.target_state,
+                last_error=n.last_error,
+                wlm_state=n.wlm_state,
+                interfaces=[
+                    InterfacePublic(name=i.name, mac=i.mac, ip=i.ip, boot=i.boot)
+                    for i in ifaces.get(n.id or 0, [])
+                ],
+                gpu_count=gpus.get(n.id or 0, 0),
+                locked_by=n.lock_owner if _locked(n) else None,
+                effective=eff.values,
+                created_at=n.created_at,
+                updated_at=n.updated_at,
+                inventoried_at=n.inventoried_at,
+                **{f: getattr(n, f) for f in SETTING_FIELDS},
+            )
+        )
+    return out
+
+
+def update_node(session: Session, name: str, spec: NodeUpdate, actor: str) -> Node:
+    node = get(session, name)
+    _check_unlocked([node])
+    changes = spec.model_dump(exclude_unset=True)
+    if "category" in changes:
+        node.category_id = _category_id(session, changes.pop("category"))
+    new_ifaces = changes.pop("interfaces", None)
+    if new_ifaces is not None:
+        specs = [InterfaceSpec(**i) for i in new_ifaces]
+        old = list(session.exec(select(Iface).where(Iface.node_id == node.id)))
+        for i in old:
+            session.delete(i)
+        session.flush()
+        _check_unique(session, [], specs)
+        session.add_all([Iface(node_id=node.id, **s.model_dump()) for s in specs])  # type: ignore[arg-type]
+    for field, value in changes.items():
+        setattr(node, field, value)
+    node.updated_at = utcnow()
+    session.add(node)
+    events.record(session, actor, "node.update", node.name, ", ".join(sorted(spec.model_fields_set)))
+    session.flush()
+    return node
+
+
+def delete(session: Session, names: list[str], actor: str) -> list[str]:
+    nodes = get_many(session, names)
+    _check_unlocked(nodes)
+    for n in nodes:
+        session.delete(n)
+    events.record(session, actor, "node.delete", fold_hostlist(names))
+    session.flush()
+    return names
+
+
+def check_verb(
+    session: Session, names: list[str], verb: str, *, lock_owner: str | None = None
+) -> list[tuple[Node, State]]:
+    """Each named node with the state ``verb`` leads to; 409 naming every node that may not take it."""
+    try:
+        action = Verb(verb)
+    except ValueError:
+        action = None
+    if action is None or action not in PUBLIC_VERBS:
+        raise InvalidInput(
+            f"verb: unknown verb {verb!r} (one of {', '.join(sorted(PUBLIC_VERBS))})", field="verb"
+        )
+    nodes = get_many(session, names)
+    _check_unlocked(nodes, lock_owner)
+    problems, moves = [], []
+    for n in nodes:
+        try:
+            moves.append((n, next_state(n.name, n.provision_state, action)))
+        except IllegalTransition as exc:
+            problems.append(exc.message)
+    if problems:
+        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise IllegalTransition("; ".join(problems[:10]) + more)
+    return moves
+
+
+def apply_verb(
+    session: Session, names: list[str], verb: str, actor: str, reason: str | None = None
+) -> list[Node]:
+    """Move every named node by ``verb``; if any may not, nothing moves (409 naming each)."""
+    moves = check_verb(session, names, verb)
+    action = Verb(verb)
+    nodes = [n for n, _ in moves]
+    now = utcnow()
+    for n, new in moves:
+        n.provision_state, n.target_state, n.updated_at = new.value, None, now
+        if action in (Verb.RESUME, Verb.REGISTER):
+            n.last_error = None
+        session.add(n)
+    events.record(session, actor, f"node.{action.value}", fold_hostlist(names), reason or "")
+    session.flush()
+    return nodes
+
+
+def _locked(node: Node) -> bool:
+    if node.lock_owner is None:
+        return False
+    expires = node.lock_expires
+    if expires is not None and expires.tzinfo is None:
+        expires = expires.replace(tzinfo=utcnow().tzinfo)
+    return expires is None or expires > utcnow()
+
+
+def _check_unlocked(nodes: Sequence[Node], owner: str | None = None) -> None:
+    held = [n for n in nodes if _locked(n) and n.lock_owner != owner]
+    if held:
+        raise LockHeld(
+            f"locked by a running operation: {', '.join(f'{n.name} ({n.lock_owner})' for n in held[:10])}"
+        )
+
+
+def acquire_locks(session: Session, names: list[str], owner: str, ttl_s: float = 3600) -> list[Node]:
+    """Take the per-node lock for every named node in one statement; LockHeld if any is taken."""
+    nodes = get_many(session, names)
+    now = utcnow()
+    ids = [n.id for n in nodes]
+    claimed = 0
+    for chunk in _chunks(ids):
+        result = session.execute(
+            update(Node)
+            .where(col(Node.id).in_(chunk))
+            .where(or_(col(Node.lock_owner).is_(None), col(Node.lock_expires) < now))
+            .values(lock_owner=owner, lock_expires=now + timedelta(seconds=ttl_s))
+        )
+        claimed += result.rowcount  # type: ignore[attr-defined]
+    if claimed != len(ids):
+        raise LockHeld(f"some of {fold_hostlist(names)} are locked by another operation")
+    for n in nodes:
+        session.refresh(n)
+    return nodes
+
+
+def release_locks(session: Session, names: list[str], owner: str) -> None:
+    for chunk in _chunks(names):
+        session.execute(
+            update(Node)
+            .where(col(Node.name).in_(chunk))
+            .where(Node.lock_owner == owner)
+            .values(lock_owner=None, lock_expires=None)
+        )
+
+
+def hardware(session: Session, name: str) -> dict[str, Any]:
+    """The stored hardware facts of a node and its GPU rows."""
+    node = get(session, name)
+    gpus = session.exec(select(Gpu).where(Gpu.node_id == node.id).order_by(col(Gpu.index)))
+    return {
+        "name": node.name,
+        "inventoried_at": node.inventoried_at,
+        "facts": node.facts or {},
+        "gpus": [g.model_dump(exclude={"id", "node_id"}) for g in gpus],
+    }

@@ -1,0 +1,82 @@
+"""Settings: one pydantic-settings class, environment prefix ``BCM_``, nested groups with ``__``.
+
+Examples: ``BCM_STATE_DIR=/var/lib/bcm``, ``BCM_DATABASE_URL=postgresql+psycopg://…``,
+``BCM_SSH__CONCURRENCY=256``, ``BCM_HEALTH__INTERVAL_S=30``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/bcm")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "bcm"
+
+
+class SshSettings(BaseModel):
+    """How the server reaches nodes over SSH."""
+
+    username: str = "root"
+    port: int = 22
+    concurrency: int = Field(default=128, ge=1, le=4096)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    command_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class HealthSettings(BaseModel):
+    """GPU health reporting."""
+
+    interval_s: float = Field(default=30.0, gt=0)
+    stale_intervals: int = Field(default=3, ge=1)
+    resume_after_ok_intervals: int = Field(default=3, ge=1)
+    history_per_gpu: int = Field(default=1000, ge=1)
+
+
+class PxeSettings(BaseModel):
+    """The HTTP side of PXE boot and the dnsmasq it supervises."""
+
+    interface: str | None = None
+    server_url: str | None = None
+
+
+class Settings(BaseSettings):
+    """Everything configurable about the head-node server and the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix="BCM_", env_nested_delimiter="__", extra="ignore")
+
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8470, ge=1, le=65535)
+    database_url: str | None = None
+    log_level: str = "info"
+    ssh: SshSettings = SshSettings()
+    health: HealthSettings = HealthSettings()
+    pxe: PxeSettings = PxeSettings()
+
+    @property
+    def effective_database_url(self) -> str:
+        """The configured URL, or SQLite under the state directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.state_dir / 'bcm.db'}"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.state_dir / "admin.token"
+
+    @property
+    def ssh_key_file(self) -> Path:
+        return self.state_dir / "ssh" / "id_ed25519"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

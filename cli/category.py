@@ -1,0 +1,84 @@
+"""`bcm category …`: the defaults nodes inherit."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli.common import JsonOpt, client
+from cli.render import emit_json, kv, out, table
+
+app = typer.Typer(
+    help="Categories: defaults (image, kernel args, WLM role) that nodes inherit.", no_args_is_help=True
+)
+
+
+def _body(**fields: str | None) -> dict[str, str]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+@app.command("add")
+def add(
+    name: str,
+    image: Annotated[str | None, typer.Option()] = None,
+    kernel_args: Annotated[str | None, typer.Option()] = None,
+    wlm_role: Annotated[str | None, typer.Option()] = None,
+    description: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Create a category."""
+    client().post(
+        "/api/v1/categories",
+        _body(name=name, image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description),
+    )
+    out.print(f"created category {name}")
+
+
+@app.command("list")
+def list_categories(as_json: JsonOpt = False) -> None:
+    """List categories."""
+    cats = client().get("/api/v1/categories")
+    if as_json:
+        emit_json(cats)
+        return
+    table(
+        None,
+        ["NAME", "NODES", "IMAGE", "WLM ROLE", "KERNEL ARGS", "DESCRIPTION"],
+        [
+            (c["name"], c["node_count"], c["image"], c["wlm_role"], c["kernel_args"], c["description"])
+            for c in cats
+        ],
+    )
+
+
+@app.command("show")
+def show(name: str, as_json: JsonOpt = False) -> None:
+    """One category."""
+    cat = client().get(f"/api/v1/categories/{name}")
+    if as_json:
+        emit_json(cat)
+    else:
+        kv(cat["name"], [(k, v) for k, v in cat.items() if k != "name"])
+
+
+@app.command("set")
+def set_category(
+    name: str,
+    image: Annotated[str | None, typer.Option()] = None,
+    kernel_args: Annotated[str | None, typer.Option()] = None,
+    wlm_role: Annotated[str | None, typer.Option()] = None,
+    description: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Change a category."""
+    client().patch(
+        f"/api/v1/categories/{name}",
+        _body(image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description),
+    )
+    out.print(f"updated category {name}")
+
+
+@app.command("rm")
+def remove(name: str) -> None:
+    """Remove an unused category."""
+    client().delete(f"/api/v1/categories/{name}")
+    out.print(f"removed category {name}")

@@ -1,0 +1,90 @@
+"""The REST client the CLI uses (httpx); errors become CliError with one readable line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bcm.settings import Settings
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+
+
+class CliError(Exception):
+    """One line for the user; the CLI prints it in red and exits 1."""
+
+
+def _token(explicit: str | None, settings: Settings) -> str | None:
+    if explicit:
+        return explicit
+    if os.environ.get("BCM_TOKEN"):
+        return os.environ["BCM_TOKEN"]
+    path: Path = settings.admin_token_file
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _url(explicit: str | None, settings: Settings) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get("BCM_URL"):
+        return os.environ["BCM_URL"]
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60.0) -> None:
+        settings = Settings()
+        self.url = _url(url, settings).rstrip("/")
+        headers = {"User-Agent": "bcm-cli"}
+        secret = _token(token, settings)
+        if secret:
+            headers["Authorization"] = f"Bearer {secret}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError:
+            raise CliError(
+                f"cannot reach the bcm server at {self.url} (is `bcm serve` running? set BCM_URL)"
+            ) from None
+        except httpx.TimeoutException:
+            raise CliError(f"the bcm server at {self.url} did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise CliError(f"request to {self.url} failed: {type(exc).__name__}") from None
+        if resp.status_code >= 400:
+            raise CliError(_error_line(resp))
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, json=body)
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, json=body)
+
+    def delete(self, path: str, **params: Any) -> Any:
+        return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
+
+
+def _error_line(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:200].strip() or resp.reason_phrase}"
+    if isinstance(body, dict) and "message" in body:
+        return f"{body['message']} (HTTP {resp.status_code})"
+    if isinstance(body, dict) and "detail" in body:
+        return f"{body['detail']} (HTTP {resp.status_code})"
+    return f"HTTP {resp.status_code}"

@@ -1,0 +1,53 @@
+"""Options shared by every command."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cli.client import Client, CliError
+from cli.render import err
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="BCM_URL", help="server URL", show_default=False)]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="BCM_TOKEN", help="API token", show_default=False, show_envvar=False),
+]
+
+_state: dict[str, Any] = {"url": None, "token": None}
+
+
+def configure(url: str | None, token: str | None) -> None:
+    _state["url"], _state["token"] = url, token
+
+
+def client() -> Client:
+    return Client(_state["url"], _state["token"])
+
+
+def wait_operation(c: Client, op_id: int, *, timeout_s: float = 3600, quiet: bool = False) -> dict[str, Any]:
+    """Poll an operation until it finishes, with a progress bar; bounded by ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    op: dict[str, Any] = c.get(f"/api/v1/operations/{op_id}")
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(f"{op['kind']} #{op_id}", total=op["progress_total"] or None)
+        while op["state"] in ("pending", "running"):
+            if time.monotonic() > deadline:
+                raise CliError(f"operation {op_id} still {op['state']} after {timeout_s:.0f}s")
+            time.sleep(0.3)
+            op = c.get(f"/api/v1/operations/{op_id}")
+            bar.update(task, completed=op["progress_done"], total=op["progress_total"] or None)
+        bar.update(task, completed=op["progress_done"])
+    return op

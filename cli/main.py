@@ -1,0 +1,61 @@
+"""`bcm`: the admin CLI. It talks to the server over REST only (and `bcm serve` starts that server)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from cli import category, node, op, token
+from cli.client import CliError
+from cli.common import TokenOpt, UrlOpt, configure
+from cli.render import err
+
+app = typer.Typer(
+    help="bcm: turn bare-metal GPU machines into a working cluster.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # tokens and BMC passwords pass through locals
+    add_completion=False,
+)
+app.add_typer(node.app, name="node")
+app.add_typer(category.app, name="category")
+app.add_typer(op.app, name="op")
+app.add_typer(token.app, name="token")
+
+
+@app.callback()
+def _root(url: UrlOpt = None, token_: TokenOpt = None) -> None:
+    configure(url, token_)
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str | None, typer.Option(help="listen address (BCM_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (BCM_PORT)")] = None,
+) -> None:
+    """Run the head-node server (API, boot files, background work)."""
+    from bcm.server import serve as run
+    from bcm.settings import Settings
+
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    run(Settings(**overrides))  # type: ignore[arg-type]
+
+
+def main() -> None:
+    try:
+        app()
+    except CliError as exc:
+        err.print(f"[red]error: {exc}[/red]", soft_wrap=True)
+        sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - the edge: one readable line, never a traceback with locals
+        from bcm.errors import BcmError
+
+        if isinstance(exc, BcmError):
+            err.print(f"[red]error: {exc.message}[/red]", soft_wrap=True)
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""`bcm node …`: register, list, show, change, remove nodes and send them verbs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from cli.common import JsonOpt, client, wait_operation
+from cli.render import emit_json, kv, out, table
+
+app = typer.Typer(
+    help="Nodes: register, list, show, change, remove, and lifecycle verbs.", no_args_is_help=True
+)
+Nodes = Annotated[str, typer.Argument(help="node name or hostlist, e.g. gpu[01-16]")]
+
+
+@app.command("add")
+def add(
+    nodes: Nodes,
+    mac: Annotated[str | None, typer.Option(help="MAC of the first node; the rest count up")] = None,
+    ip: Annotated[str | None, typer.Option(help="IP of the first node; the rest count up")] = None,
+    category: Annotated[str | None, typer.Option()] = None,
+    image: Annotated[str | None, typer.Option()] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Register one node or a hostlist of nodes."""
+    body = {"nodes": nodes, "mac": mac, "ip": ip, "category": category, "image": image}
+    created = client().post("/api/v1/nodes/bulk", {k: v for k, v in body.items() if v is not None})
+    if as_json:
+        emit_json(created)
+    else:
+        out.print(f"registered {len(created)} node(s)")
+        _node_table(created)
+
+
+def _node_table(items: list[dict[str, Any]]) -> None:
+    rows = []
+    for n in items:
+        iface = n["interfaces"][0] if n["interfaces"] else {}
+        state = n["provision_state"] + (f"→{n['target_state']}" if n.get("target_state") else "")
+        rows.append(
+            (
+                n["name"],
+                state,
+                n.get("category"),
+                iface.get("mac"),
+                iface.get("ip"),
+                n.get("gpu_count") or "",
+                n.get("wlm_state"),
+                (n.get("last_error") or "")[:60],
+            )
+        )
+    table(None, ["NAME", "STATE", "CATEGORY", "MAC", "IP", "GPUS", "WLM", "LAST ERROR"], rows)
+
+
+@app.command("list")
+def list_nodes(
+    nodes: Annotated[str | None, typer.Argument(help="hostlist filter")] = None,
+    state: Annotated[str | None, typer.Option(help="only nodes in this state")] = None,
+    category: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(help="at most this many rows (0: all)")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """List nodes (all pages unless --limit)."""
+    c, items, offset = client(), [], 0
+    while True:
+        page_size = 1000 if not limit else min(1000, limit - len(items))
+        page = c.get(
+            "/api/v1/nodes", nodes=nodes, state=state, category=category, limit=page_size, offset=offset
+        )
+        items += page["items"]
+        offset += len(page["items"])
+        if not page["items"] or offset >= page["total"] or (limit and len(items) >= limit):
+            break
+    if as_json:
+        emit_json(items)
+    else:
+        _node_table(items)
+
+
+@app.command("show")
+def show(name: str, as_json: JsonOpt = False) -> None:
+    """One node with its hardware."""
+    c = client()
+    node = c.get(f"/api/v1/nodes/{name}")
+    hw = c.get(f"/api/v1/nodes/{name}/hardware")
+    if as_json:
+        emit_json({**node, "hardware": hw})
+        return
+    iface = ", ".join(f"{i['name']} {i['mac'] or '-'} {i['ip'] or '-'}" for i in node["interfaces"])
+    facts = hw.get("facts") or {}
+    cpu, mem = facts.get("cpu") or {}, facts.get("memory_bytes")
+    kv(
+        node["name"],
+        [
+            (
+                "state",
+                node["provision_state"] + (f" → {node['target_state']}" if node["target_state"] else ""),
+            ),
+            ("category", node["category"]),
+            ("interfaces", iface),
+            ("wlm", node["wlm_state"]),
+            ("last error", node["last_error"]),
+            *[(f"effective {k}", v) for k, v in node["effective"].items()],
+            (
+                "cpu",
+                f"{cpu.get('model', '')} {cpu.get('sockets', '')}s/{cpu.get('cores', '')}c/{cpu.get('threads', '')}t"
+                if cpu
+                else None,
+            ),
+            ("memory", f"{mem / 2**30:.1f} GiB" if mem else None),
+            ("os", facts.get("os")),
+            ("inventoried", hw.get("inventoried_at")),
+        ],
+    )
+    if hw.get("gpus"):
+        table(
+            "GPUs",
+            ["IDX", "NAME", "UUID", "MEMORY MiB", "PCI", "DRIVER", "HEALTH"],
+            [
+                (
+                    g["index"],
+                    g["name"],
+                    g["uuid"],
+                    g["memory_mib"],
+                    g["pci_bus_id"],
+                    g["driver_version"],
+                    g.get("verdict"),
+                )
+                for g in hw["gpus"]
+            ],
+        )
+
+
+@app.command("set")
+def set_node(
+    nodes: Nodes,
+    category: Annotated[str | None, typer.Option()] = None,
+    image: Annotated[str | None, typer.Option()] = None,
+    kernel_args: Annotated[str | None, typer.Option()] = None,
+    wlm_role: Annotated[str | None, typer.Option()] = None,
+    comment: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Change settings of one or more nodes."""
+    body = {
+        k: v
+        for k, v in dict(
+            category=category, image=image, kernel_args=kernel_args, wlm_role=wlm_role, comment=comment
+        ).items()
+        if v is not None
+    }
+    c = client()
+    names = [n["name"] for n in c.get("/api/v1/nodes", nodes=nodes, limit=1000)["items"]]
+    for name in names:
+        c.patch(f"/api/v1/nodes/{name}", body)
+    out.print(f"updated {len(names)} node(s)")
+
+
+@app.command("rm")
+def remove(
+    nodes: Nodes, yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False
+) -> None:
+    """Remove nodes from the database."""
+    if not yes:
+        typer.confirm(f"remove {nodes}?", abort=True)
+    gone = client().delete("/api/v1/nodes", nodes=nodes)
+    out.print(f"removed {len(gone['deleted'])} node(s)")
+
+
+def _verb(verb: str, help_text: str) -> None:
+    def command(
+        nodes: Nodes,
+        reason: Annotated[str | None, typer.Option(help="recorded with the action")] = None,
+        wait: Annotated[bool, typer.Option(help="follow a started operation to its end")] = True,
+        as_json: JsonOpt = False,
+    ) -> None:
+        c = client()
+        res = c.post(f"/api/v1/nodes/actions/{verb}", {"nodes": nodes, "reason": reason})
+        if res.get("operation_id") is None:
+            if as_json:
+                emit_json(res)
+            else:
+                table(
+                    None,
+                    ["NODE", "RESULT", "STATE"],
+                    [(n["name"], n["status"], n.get("state")) for n in res["nodes"]],
+                )
+            return
+        if not wait:
+            emit_json(res) if as_json else out.print(f"started operation {res['operation_id']}")
+            return
+        op = wait_operation(c, res["operation_id"], quiet=as_json)
+        show_operation(op, as_json)
+        if op["state"] != "succeeded":
+            raise typer.Exit(1)
+
+    command.__doc__ = help_text
+    app.command(verb)(command)
+
+
+def show_operation(op: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(op)
+        return
+    results = op.get("results") or {}
+    table(
+        f"operation {op['id']} {op['kind']}: {op['state']}",
+        ["NODE", "RESULT", "DETAIL"],
+        [(name, r.get("status"), r.get("message", "")) for name, r in sorted(results.items())],
+    )
+    if op.get("error"):
+        out.print(f"[red]{op['error']}[/red]")
+
+
+for _v, _h in [
+    ("register", "Accept discovered nodes."),
+    ("inventory", "Collect hardware facts over SSH (an operation with a progress bar)."),
+    ("provision", "Boot nodes into their image."),
+    ("reimage", "Put a fresh image on running nodes."),
+    ("drain", "Stop scheduling jobs on nodes."),
+    ("resume", "Return drained nodes to service."),
+    ("retire", "Take nodes out of service for good."),
+]:
+    _verb(_v, _h)
