@@ -63,7 +63,8 @@ def list_nodes(
     as_json: JsonOpt = False,
 ) -> None:
     """List nodes (all pages unless --limit)."""
-    c, items, offset = client(), [], 0
+    c, offset = client(), 0
+    items: list[dict[str, Any]] = []
     while True:
         page_size = 1000 if not limit else min(1000, limit - len(items))
         page = c.get(

@@ -35,7 +35,7 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     details = []
     for err in exc.errors():
-        field = _field_of(err.get("loc", ()))
+        field = "body" if err.get("type") == "json_invalid" else _field_of(err.get("loc", ()))
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         details.append({"field": field, "message": msg})
     first = details[0] if details else {"field": "body", "message": "invalid request"}

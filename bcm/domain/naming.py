@@ -71,8 +71,10 @@ def normalize_ip(ip: str, field: str = "ip") -> str:
 def mac_sequence(first: str, count: int, field: str = "mac") -> list[str]:
     """``count`` consecutive MACs starting at ``first`` (no wrap past ff:ff:ff:ff:ff:ff)."""
     start = int(normalize_mac(first, field).replace(":", ""), 16)
-    if start + count - 1 > 0xFFFFFFFFFFFF:
-        raise InvalidInput(f"{field}: {count} consecutive MACs from {first} run past the end", field=field)
+    end = start + count - 1
+    # the first octet's low bit marks multicast; a range may cross into it (fe:ff:… + 1 = ff:00:…)
+    if end > 0xFFFFFFFFFFFF or (end >> 40) & 1:
+        raise InvalidInput(f"{field}: {count} consecutive MACs from {first} run past the unicast range", field=field)
     out = []
     for value in range(start, start + count):
         digits = f"{value:012x}"

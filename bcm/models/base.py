@@ -6,15 +6,33 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime
+from sqlalchemy.types import TypeDecorator
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timestamps stored in UTC and always read back timezone-aware (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
 def ts_column(*, nullable: bool = True, index: bool = False) -> Any:
-    """A timezone-aware timestamp column (naive values from SQLite are read back as UTC)."""
-    return Column(DateTime(timezone=True), nullable=nullable, index=index)
+    """A timezone-aware UTC timestamp column."""
+    return Column(UtcDateTime(), nullable=nullable, index=index)
 
 
 def json_column(*, nullable: bool = True) -> Any:

@@ -13,7 +13,7 @@ from bcm.errors import Forbidden, NotFound, Unauthorized
 from bcm.models.auth import ApiToken, Role
 from bcm.models.base import utcnow
 
-TOKEN_PREFIX = "bcm_"
+TOKEN_PREFIX = "bcm_"  # noqa: S105 - a prefix, not a secret
 
 
 def hash_token(token: str) -> str:

@@ -288,10 +288,7 @@ def apply_verb(
 def _locked(node: Node) -> bool:
     if node.lock_owner is None:
         return False
-    expires = node.lock_expires
-    if expires is not None and expires.tzinfo is None:
-        expires = expires.replace(tzinfo=utcnow().tzinfo)
-    return expires is None or expires > utcnow()
+    return node.lock_expires is None or node.lock_expires > utcnow()
 
 
 def _check_unlocked(nodes: Sequence[Node], owner: str | None = None) -> None:
@@ -314,6 +311,7 @@ def acquire_locks(session: Session, names: list[str], owner: str, ttl_s: float =
             .where(col(Node.id).in_(chunk))
             .where(or_(col(Node.lock_owner).is_(None), col(Node.lock_expires) < now))
             .values(lock_owner=owner, lock_expires=now + timedelta(seconds=ttl_s))
+            .execution_options(synchronize_session=False)
         )
         claimed += result.rowcount  # type: ignore[attr-defined]
     if claimed != len(ids):
@@ -328,8 +326,9 @@ def release_locks(session: Session, names: list[str], owner: str) -> None:
         session.execute(
             update(Node)
             .where(col(Node.name).in_(chunk))
-            .where(Node.lock_owner == owner)
+            .where(col(Node.lock_owner) == owner)
             .values(lock_owner=None, lock_expires=None)
+            .execution_options(synchronize_session=False)
         )
 
 

@@ -1,0 +1,53 @@
+"""Tokens and roles: 401 without a valid token, 403 for a role that may not, secrets never listed."""
+
+from __future__ import annotations
+
+import stat
+from typing import Any
+
+
+def make_token(api: Any, role: str) -> str:
+    r = api.post("/api/v1/tokens", json={"name": f"{role}-user", "role": role})
+    assert r.status_code == 201, r.text
+    return r.json()["token"]
+
+
+def test_no_or_wrong_token_is_401(api: Any) -> None:
+    good = api.headers.pop("Authorization")
+    for headers in ({}, {"Authorization": "Bearer bcm_wrong"}, {"Authorization": "Basic abc"},
+                    {"Authorization": good.replace("Bearer ", "Bearer x")}):
+        for path in ("/api/v1/nodes", "/api/v1/categories", "/api/v1/operations", "/api/v1/events", "/api/v1/tokens"):
+            r = api.get(path, headers=headers)
+            assert r.status_code == 401, (path, headers)
+            assert "token" in r.json()["message"]
+
+
+def test_roles(api: Any) -> None:
+    viewer, operator = make_token(api, "viewer"), make_token(api, "operator")
+    as_viewer = {"Authorization": f"Bearer {viewer}"}
+    as_operator = {"Authorization": f"Bearer {operator}"}
+    assert api.get("/api/v1/nodes", headers=as_viewer).status_code == 200
+    r = api.post("/api/v1/nodes", json={"name": "v1"}, headers=as_viewer)
+    assert r.status_code == 403 and "viewer" in r.json()["message"]
+    assert api.post("/api/v1/nodes", json={"name": "o1"}, headers=as_operator).status_code == 201
+    assert api.get("/api/v1/tokens", headers=as_operator).status_code == 403
+    assert api.post("/api/v1/tokens", json={"name": "x", "role": "admin"}, headers=as_operator).status_code == 403
+    assert api.delete("/api/v1/nodes/o1", headers=as_operator).status_code == 403
+    assert api.get("/api/v1/nodes", params={"state": "registered"}).json()["total"] == 1
+
+
+def test_revoked_token_stops_working_and_secrets_are_not_listed(api: Any, settings: Any) -> None:
+    secret = make_token(api, "viewer")
+    listed = api.get("/api/v1/tokens").json()
+    assert all("token" not in t and "token_hash" not in t for t in listed)
+    assert secret not in api.get("/api/v1/tokens").text
+    tid = next(t["id"] for t in listed if t["name"] == "viewer-user")
+    assert api.delete(f"/api/v1/tokens/{tid}").status_code == 200
+    assert api.get("/api/v1/nodes", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+    assert api.delete("/api/v1/tokens/9999").status_code == 404
+
+
+def test_bootstrap_token_file_is_private(settings: Any, api: Any) -> None:
+    mode = stat.S_IMODE(settings.admin_token_file.stat().st_mode)
+    assert mode == 0o600
+    assert settings.admin_token_file.read_text().startswith("bcm_")
