@@ -72,7 +72,7 @@ class Finding:
             "code": self.code,
             "severity": self.severity.value,
             "message": self.message,
-            "action": self.action,
+            "action": self.action.value,
         }
 
 

@@ -1,0 +1,102 @@
+"""Server-side validation of the agent's report (bcm.domain.health_report): bounds and malformed input."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from bcm.agent import schema
+from bcm.agent.collector import collect
+from bcm.agent.fake_nvml import FakeNvml
+from bcm.domain.health import evaluate
+from bcm.domain.health_report import HealthReport
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
+
+
+def collected(fixture: str = "h100_sxm_565.json") -> dict[str, Any]:
+    nv = FakeNvml.from_file(DATA / fixture)
+    nv.init()
+    nv.push_xid(79, 1)
+    nv.register_xid_events()
+    raw = nv.wait_xid(0)
+    assert raw is not None
+    event: schema.XidEvent = {
+        "xid": raw.xid,
+        "gpu_index": raw.gpu_index,
+        "uuid": None,
+        "pci_bus_id": None,
+        "time": "2024-11-14T07:00:10.000Z",
+        "source": "nvml",
+        "message": None,
+        "recovery_action": None,
+    }
+    return dict(collect(nv, 3, xid_events=[event], hostname="gpu01", now=1_731_567_614.0))
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in DATA.glob("*.json")))
+def test_every_recorded_fixture_validates_and_round_trips_to_the_rules(fixture: str) -> None:
+    report = collected(fixture)
+    model = HealthReport.model_validate(report)
+    again = model.rules_input()
+    assert again["schema"] == 1
+    assert again["gpus"] == report["gpus"]
+
+    def shape(node: Any) -> list[Any]:
+        return [node.verdict, [(f.code, f.severity) for f in node.findings]] + [
+            (g.index, g.verdict, [(r.code, r.severity, r.action) for r in g.reasons]) for g in node.gpus
+        ]
+
+    assert shape(evaluate(again)) == shape(evaluate(report))
+
+
+def _mutate(report: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(report)
+    node: Any = out
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(keys[-1])] = value
+    else:
+        node[keys[-1]] = value
+    return out
+
+
+BAD = [
+    ("schema", 2),
+    ("gpus", [collected()["gpus"][0]] * (schema.MAX_GPUS + 1)),
+    ("xid_events", [collected()["xid_events"][0]] * (schema.MAX_XID_EVENTS + 1)),
+    ("errors", ["x"] * (schema.MAX_ERRORS + 1)),
+    ("hostname", "h" * (schema.MAX_STRING + 1)),
+    ("gpus.0.uuid", "G" * (schema.MAX_STRING + 1)),
+    ("gpus.0.nvlinks", collected()["gpus"][0]["nvlinks"] * 3),
+    ("gpus.0.ecc.volatile_uncorrected", -1),
+    ("gpus.0.utilization_gpu_pct", 101),
+    ("gpus.0.index", schema.MAX_GPUS),
+    ("gpus.0.remapped_rows", {"correctable": 0}),
+    ("gpus.0.surprise", 1),
+    ("surprise", 1),
+    ("xid_events.0.source", "syslog"),
+    ("xid_events.0.time", "yesterday"),
+    ("xid_events.0.message", "m" * (schema.MAX_MESSAGE + 1)),
+    ("collected_at", None),
+    ("gpu_count", "eight"),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), BAD, ids=[p for p, _ in BAD])
+def test_oversize_or_malformed_reports_are_refused(path: str, value: Any) -> None:
+    with pytest.raises(ValidationError):
+        HealthReport.model_validate(_mutate(collected(), path, value))
+
+
+def test_missing_required_field_is_refused() -> None:
+    report = collected()
+    del report["gpus"]
+    with pytest.raises(ValidationError):
+        HealthReport.model_validate(report)
