@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,9 @@ def pg_available() -> bool:
     return _PG
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database: a SQLite file, or a PostgreSQL schema of its own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'bcm.db'}"
-        return
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """A URL for a fresh PostgreSQL schema of its own, dropped afterwards."""
     if not pg_available():
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL is not reachable at {PG_URL}")
@@ -54,6 +52,22 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     with admin.begin() as conn:
         conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     admin.dispose()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with pg_schema() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'bcm.db'}"
+        return
+    with pg_schema() as url:
+        yield url
 
 
 @pytest.fixture

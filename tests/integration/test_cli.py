@@ -1,0 +1,103 @@
+"""The real `bcm` CLI against a real `bcm serve` process over HTTP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from tests.integration.conftest import Server
+
+
+def ok(result) -> str:  # type: ignore[no-untyped-def]
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    return str(result.stdout)
+
+
+def failed_with(result, *words: str) -> str:  # type: ignore[no-untyped-def]
+    assert result.returncode != 0, result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr  # one readable line, no traceback
+    assert lines[0].startswith("error: ")
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_readme_flow_add_list_and_401(server: Server) -> None:
+    out = ok(server.cli("node", "add", "gpu[01-04]", "--mac", "52:54:00:00:00:01", "--ip", "198.18.0.11",
+                        "--category", "gpu"))
+    assert "registered 4 node(s)" in out
+    table = ok(server.cli("node", "list"))
+    for i in range(1, 5):
+        assert f"gpu0{i}" in table and f"52:54:00:00:00:0{i}" in table and f"198.18.0.1{i}" in table
+    nodes = json.loads(ok(server.cli("node", "list", "--json")))
+    assert [(n["name"], n["interfaces"][0]["mac"], n["interfaces"][0]["ip"]) for n in nodes] == [
+        (f"gpu0{i}", f"52:54:00:00:00:0{i}", f"198.18.0.1{i}") for i in range(1, 5)
+    ]
+    assert httpx.get(f"{server.url}/api/v1/nodes").status_code == 401
+
+
+def test_data_survives_restart(server: Server) -> None:
+    ok(server.cli("category", "add", "h100", "--image", "ubuntu22-cuda12"))
+    ok(server.cli("node", "add", "h[1-3]", "--category", "h100"))
+    token = server.token()
+    server.stop()
+    server.start()
+    assert server.token() == token  # no second bootstrap token
+    names = [n["name"] for n in json.loads(ok(server.cli("node", "list", "--json")))]
+    assert names == ["h1", "h2", "h3"]
+    cat = json.loads(ok(server.cli("category", "show", "h100", "--json")))
+    assert cat["image"] == "ubuntu22-cuda12" and cat["node_count"] == 3
+
+
+def test_errors_are_one_red_line(server: Server) -> None:
+    ok(server.cli("node", "add", "gpu01", "--mac", "52:54:00:00:00:01"))
+    failed_with(server.cli("node", "add", "gpu02", "--mac", "52:54:00:zz:00:01"), "mac")
+    failed_with(server.cli("node", "add", "gpu01"), "gpu01", "already in use")
+    failed_with(server.cli("node", "add", "gpu[01-"), "hostlist")
+    failed_with(server.cli("node", "show", "nope"), "nope", "not found")
+    failed_with(server.cli("node", "drain", "gpu01"), "gpu01", "registered", "drain")
+    failed_with(server.cli("--token", "bcm_wrong", "node", "list"), "invalid or revoked token")
+    failed_with(server.cli("node", "list", BCM_URL="http://127.0.0.1:9"), "cannot reach")
+    assert len(json.loads(ok(server.cli("node", "list", "--json")))) == 1
+
+
+def test_tokens_and_roles_from_the_cli(server: Server) -> None:
+    viewer = ok(server.cli("token", "create", "alice", "--role", "viewer")).strip().splitlines()[-1]
+    assert viewer.startswith("bcm_")
+    failed_with(server.cli("node", "add", "v1", BCM_TOKEN=viewer), "viewer")
+    ok(server.cli("node", "list", BCM_TOKEN=viewer))
+    listed = json.loads(ok(server.cli("token", "list", "--json")))
+    assert viewer not in json.dumps(listed)
+    tid = next(t["id"] for t in listed if t["name"] == "alice")
+    ok(server.cli("token", "revoke", str(tid)))
+    failed_with(server.cli("node", "list", BCM_TOKEN=viewer), "invalid or revoked")
+
+
+def test_verbs_set_and_rm(server: Server) -> None:
+    ok(server.cli("node", "add", "n[1-3]"))
+    ok(server.cli("node", "set", "n[1-2]", "--image", "rocky9", "--comment", "rack 4"))
+    shown = json.loads(ok(server.cli("node", "show", "n1", "--json")))
+    assert shown["effective"]["image"] == "rocky9" and shown["comment"] == "rack 4"
+    res = json.loads(ok(server.cli("node", "retire", "n3", "--json")))
+    assert res["nodes"][0]["state"] == "retired"
+    ok(server.cli("node", "rm", "n[2-3]", "--yes"))
+    assert [n["name"] for n in json.loads(ok(server.cli("node", "list", "--json")))] == ["n1"]
+    events = ok(server.cli("node", "list", "--state", "retired", "--json"))
+    assert json.loads(events) == []
+
+
+def test_server_process_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    """BCM_DATABASE_URL switches a real server process to PostgreSQL with the same code."""
+    srv = Server(tmp_path / "pgstate", database_url=pg_url)
+    srv.start()
+    try:
+        ok(srv.cli("node", "add", "p[1-2]", "--mac", "52:54:00:00:30:01"))
+        srv.stop()
+        srv.start()
+        assert [n["name"] for n in json.loads(ok(srv.cli("node", "list", "--json")))] == ["p1", "p2"]
+        assert "postgresql" in (srv.log.read_text() if srv.log else "")
+    finally:
+        srv.stop()
