@@ -27,6 +27,9 @@ log = logging.getLogger("bcm.agent")
 DEFAULT_CONFIG_PATH = "/etc/bcm/agent.json"
 REPORT_PATH = "/boot/v1/agent/report"
 _RETRYABLE_STATUS = frozenset({408, 429})
+# Ignore http_proxy and friends: the head node is on the provisioning network, and a proxy meant for the
+# internet must never see the node token.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ConfigError(Exception):
@@ -111,7 +114,7 @@ def post_json(url: str, token: str, body: bytes, timeout_s: float) -> int:
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        with _OPENER.open(request, timeout=timeout_s) as response:
             response.read(65_536)
             return int(response.status)
     except urllib.error.HTTPError as exc:
