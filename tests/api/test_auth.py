@@ -14,9 +14,19 @@ def make_token(api: Any, role: str) -> str:
 
 def test_no_or_wrong_token_is_401(api: Any) -> None:
     good = api.headers.pop("Authorization")
-    for headers in ({}, {"Authorization": "Bearer bcm_wrong"}, {"Authorization": "Basic abc"},
-                    {"Authorization": good.replace("Bearer ", "Bearer x")}):
-        for path in ("/api/v1/nodes", "/api/v1/categories", "/api/v1/operations", "/api/v1/events", "/api/v1/tokens"):
+    for headers in (
+        {},
+        {"Authorization": "Bearer bcm_wrong"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": good.replace("Bearer ", "Bearer x")},
+    ):
+        for path in (
+            "/api/v1/nodes",
+            "/api/v1/categories",
+            "/api/v1/operations",
+            "/api/v1/events",
+            "/api/v1/tokens",
+        ):
             r = api.get(path, headers=headers)
             assert r.status_code == 401, (path, headers)
             assert "token" in r.json()["message"]
@@ -31,7 +41,10 @@ def test_roles(api: Any) -> None:
     assert r.status_code == 403 and "viewer" in r.json()["message"]
     assert api.post("/api/v1/nodes", json={"name": "o1"}, headers=as_operator).status_code == 201
     assert api.get("/api/v1/tokens", headers=as_operator).status_code == 403
-    assert api.post("/api/v1/tokens", json={"name": "x", "role": "admin"}, headers=as_operator).status_code == 403
+    assert (
+        api.post("/api/v1/tokens", json={"name": "x", "role": "admin"}, headers=as_operator).status_code
+        == 403
+    )
     assert api.delete("/api/v1/nodes/o1", headers=as_operator).status_code == 403
     assert api.get("/api/v1/nodes", params={"state": "registered"}).json()["total"] == 1
 

@@ -21,13 +21,34 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ("bad-hostlist", "POST", "/api/v1/nodes/bulk", {"nodes": "gpu[01-"}, 422, "nodes"),
     ("reversed-range", "POST", "/api/v1/nodes/bulk", {"nodes": "gpu[9-1]"}, 422, "nodes"),
     ("bad-name-in-hostlist", "POST", "/api/v1/nodes/bulk", {"nodes": "gpu[1-2],Bad_Name"}, 422, "nodes"),
-    ("unknown-category", "POST", "/api/v1/nodes/bulk", {"nodes": "z[1-2]", "category": "nope"}, 422, "category"),
+    (
+        "unknown-category",
+        "POST",
+        "/api/v1/nodes/bulk",
+        {"nodes": "z[1-2]", "category": "nope"},
+        422,
+        "category",
+    ),
     ("duplicate-name", "POST", "/api/v1/nodes", {"name": "keep1"}, 409, "name"),
     ("duplicate-in-bulk", "POST", "/api/v1/nodes/bulk", {"nodes": "z[1-3],keep2"}, 409, "name"),
     ("duplicate-mac", "POST", "/api/v1/nodes", {"name": "z1", "mac": "52:54:00:00:00:01"}, 409, "mac"),
-    ("duplicate-mac-in-range", "POST", "/api/v1/nodes/bulk", {"nodes": "z[1-4]", "mac": "52:54:00:ff:ff:fe"}, 409, "mac"),
+    (
+        "duplicate-mac-in-range",
+        "POST",
+        "/api/v1/nodes/bulk",
+        {"nodes": "z[1-4]", "mac": "52:54:00:ff:ff:fe"},
+        409,
+        "mac",
+    ),
     ("duplicate-ip", "POST", "/api/v1/nodes/bulk", {"nodes": "z[1-9]", "ip": "198.18.0.5"}, 409, "ip"),
-    ("mac-range-overflow", "POST", "/api/v1/nodes/bulk", {"nodes": "z[1-3]", "mac": "fe:ff:ff:ff:ff:fe"}, 422, "mac"),
+    (
+        "mac-range-overflow",
+        "POST",
+        "/api/v1/nodes/bulk",
+        {"nodes": "z[1-3]", "mac": "fe:ff:ff:ff:ff:fe"},
+        422,
+        "mac",
+    ),
     ("oversize-comment", "POST", "/api/v1/nodes", {"name": "z1", "comment": "x" * 5000}, 422, "comment"),
     ("wrong-type", "POST", "/api/v1/nodes", {"name": 12}, 422, "name"),
     ("missing-name", "POST", "/api/v1/nodes", {"mac": "52:54:00:00:99:01"}, 422, "name"),
@@ -36,7 +57,14 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ("duplicate-category", "POST", "/api/v1/categories", {"name": "gpu"}, 409, "name"),
     ("bad-limit", "GET", "/api/v1/nodes?limit=0", None, 422, "limit"),
     ("bad-state-filter", "GET", "/api/v1/nodes?state=sleeping", None, 422, "state"),
-    ("patch-bad-iface", "PATCH", "/api/v1/nodes/keep1", {"interfaces": [{"mac": "nope"}]}, 422, "interfaces.0.mac"),
+    (
+        "patch-bad-iface",
+        "PATCH",
+        "/api/v1/nodes/keep1",
+        {"interfaces": [{"mac": "nope"}]},
+        422,
+        "interfaces.0.mac",
+    ),
     ("patch-dup-iface-ip", "PATCH", "/api/v1/nodes/keep2", {"interfaces": [{"ip": "198.18.0.1"}]}, 409, "ip"),
     ("patch-unknown-category", "PATCH", "/api/v1/nodes/keep1", {"category": "nope"}, 422, "category"),
     ("bad-token-role", "POST", "/api/v1/tokens", {"name": "t", "role": "god"}, 422, "role"),
@@ -51,9 +79,18 @@ def snapshot(engine: Any) -> dict[str, list[Any]]:
 
 @pytest.fixture
 def seeded(api: Any, engine: Any) -> Any:
-    assert api.post("/api/v1/nodes", json={"name": "keep1", "mac": "52:54:00:00:00:01", "ip": "198.18.0.1"}).status_code == 201
-    assert api.post("/api/v1/nodes/bulk", json={"nodes": "keep[2-3]", "mac": "52:54:00:ff:ff:ff",
-                                                 "ip": "198.18.0.10"}).status_code == 201
+    assert (
+        api.post(
+            "/api/v1/nodes", json={"name": "keep1", "mac": "52:54:00:00:00:01", "ip": "198.18.0.1"}
+        ).status_code
+        == 201
+    )
+    assert (
+        api.post(
+            "/api/v1/nodes/bulk", json={"nodes": "keep[2-3]", "mac": "52:54:00:ff:ff:ff", "ip": "198.18.0.10"}
+        ).status_code
+        == 201
+    )
     assert api.post("/api/v1/nodes", json={"name": "keep4", "ip": "198.18.0.5"}).status_code == 201
     return api
 
@@ -62,9 +99,12 @@ def test_table_has_enough_cases() -> None:
     assert len(CASES) >= 15 and len({c[0] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize(("case", "method", "path", "body", "status", "field"), CASES, ids=[c[0] for c in CASES])
-def test_malformed_request(seeded: Any, engine: Any, case: str, method: str, path: str, body: Any,
-                           status: int, field: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "method", "path", "body", "status", "field"), CASES, ids=[c[0] for c in CASES]
+)
+def test_malformed_request(
+    seeded: Any, engine: Any, case: str, method: str, path: str, body: Any, status: int, field: str
+) -> None:
     before = snapshot(engine)
     if isinstance(body, str):
         r = seeded.request(method, path, content=body, headers={"Content-Type": "application/json"})

@@ -25,8 +25,13 @@ def test_bulk_create_gives_consecutive_macs_and_ips(api: Any) -> None:
 
 
 def test_single_node_with_interfaces_and_show(api: Any) -> None:
-    body = {"name": "login1", "interfaces": [{"name": "eth0", "mac": "52:54:00:00:10:01", "ip": "198.18.0.2"},
-                                             {"name": "ib0", "boot": False}]}
+    body = {
+        "name": "login1",
+        "interfaces": [
+            {"name": "eth0", "mac": "52:54:00:00:10:01", "ip": "198.18.0.2"},
+            {"name": "ib0", "boot": False},
+        ],
+    }
     assert api.post("/api/v1/nodes", json=body).status_code == 201
     node = api.get("/api/v1/nodes/login1").json()
     assert [i["name"] for i in node["interfaces"]] == ["eth0", "ib0"]
@@ -48,8 +53,12 @@ def test_filters_and_pagination(api: Any) -> None:
 
 
 def test_effective_settings_follow_category(api: Any) -> None:
-    assert api.post("/api/v1/categories", json={"name": "h100", "image": "ubuntu22-cuda12",
-                                                "kernel_args": "quiet"}).status_code == 201
+    assert (
+        api.post(
+            "/api/v1/categories", json={"name": "h100", "image": "ubuntu22-cuda12", "kernel_args": "quiet"}
+        ).status_code
+        == 201
+    )
     add(api, nodes="h[1-2]", category="h100")
     assert api.patch("/api/v1/nodes/h2", json={"image": "rocky9"}).status_code == 200
     h1, h2 = (api.get(f"/api/v1/nodes/{n}").json()["effective"] for n in ("h1", "h2"))

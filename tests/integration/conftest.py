@@ -2,81 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
-BCM = [sys.executable, "-m", "cli.main"]
-REPO = Path(__file__).resolve().parents[2]
+from bcm.devserver import Server
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    state_dir: Path
-    database_url: str | None = None
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BCM_")}
-        env.update(BCM_STATE_DIR=str(self.state_dir), BCM_URL=self.url, BCM_PORT=str(self.port), COLUMNS="200")
-        if self.database_url:
-            env["BCM_DATABASE_URL"] = self.database_url
-        env.update(extra)
-        return env
-
-    def start(self) -> None:
-        self.log = self.state_dir.parent / f"server-{self.port}.log"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([*BCM, "serve", "--host", "127.0.0.1"], env=self.env(), cwd=REPO,
-                                         stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # bounded wait for the server to answer
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"bcm serve exited: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"bcm serve did not answer within 30 s: {self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def token(self) -> str:
-        return (self.state_dir / "admin.token").read_text().strip()
-
-    def cli(self, *args: str, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*BCM, *args], env=self.env(**env), cwd=REPO, capture_output=True, text=True,
-                              input=input, timeout=120)
+__all__ = ["Server"]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.conftest import Server
+from bcm.devserver import Server
 
 
 def ok(result) -> str:  # type: ignore[no-untyped-def]
@@ -26,8 +26,19 @@ def failed_with(result, *words: str) -> str:  # type: ignore[no-untyped-def]
 
 
 def test_readme_flow_add_list_and_401(server: Server) -> None:
-    out = ok(server.cli("node", "add", "gpu[01-04]", "--mac", "52:54:00:00:00:01", "--ip", "198.18.0.11",
-                        "--category", "gpu"))
+    out = ok(
+        server.cli(
+            "node",
+            "add",
+            "gpu[01-04]",
+            "--mac",
+            "52:54:00:00:00:01",
+            "--ip",
+            "198.18.0.11",
+            "--category",
+            "gpu",
+        )
+    )
     assert "registered 4 node(s)" in out
     table = ok(server.cli("node", "list"))
     for i in range(1, 5):

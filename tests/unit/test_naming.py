@@ -43,7 +43,11 @@ def test_macs() -> None:
     for bad in ["52:54:00:aa:bb", "zz:54:00:aa:bb:cc", "01:00:5e:00:00:01", "52:54-00:aa:bb:cc"]:
         with pytest.raises(InvalidInput):
             normalize_mac(bad)
-    assert mac_sequence("52:54:00:00:00:fe", 3) == ["52:54:00:00:00:fe", "52:54:00:00:00:ff", "52:54:00:00:01:00"]
+    assert mac_sequence("52:54:00:00:00:fe", 3) == [
+        "52:54:00:00:00:fe",
+        "52:54:00:00:00:ff",
+        "52:54:00:00:01:00",
+    ]
     with pytest.raises(InvalidInput):
         mac_sequence("fe:ff:ff:ff:ff:ff", 2)
 
@@ -59,7 +63,9 @@ def test_ips() -> None:
 
 
 def test_node_overrides_category_overrides_default() -> None:
-    eff = effective_settings({"image": "rocky9", "kernel_args": None}, {"image": "ubuntu", "kernel_args": "quiet"})
+    eff = effective_settings(
+        {"image": "rocky9", "kernel_args": None}, {"image": "ubuntu", "kernel_args": "quiet"}
+    )
     assert eff.values["image"] == "rocky9" and eff.sources["image"] == "node"
     assert eff.values["kernel_args"] == "quiet" and eff.sources["kernel_args"] == "category"
     assert eff.values["wlm_role"] == "compute" and eff.sources["wlm_role"] == "default"

@@ -13,16 +13,26 @@ from bcm.errors import IllegalTransition
 EXPECTED: dict[Verb, dict[State, State]] = {
     Verb.REGISTER: {State.DISCOVERED: State.REGISTERED},
     Verb.INVENTORY: {
-        State.REGISTERED: State.INVENTORIED, State.INVENTORIED: State.INVENTORIED,
-        State.FAILED: State.INVENTORIED, State.UNREACHABLE: State.INVENTORIED,
-        State.BOOTED: State.BOOTED, State.READY: State.READY, State.DRAINING: State.DRAINING,
+        State.REGISTERED: State.INVENTORIED,
+        State.INVENTORIED: State.INVENTORIED,
+        State.FAILED: State.INVENTORIED,
+        State.UNREACHABLE: State.INVENTORIED,
+        State.BOOTED: State.BOOTED,
+        State.READY: State.READY,
+        State.DRAINING: State.DRAINING,
         State.DRAINED: State.DRAINED,
     },
     Verb.PROVISION: {s: State.PROVISIONING for s in (State.REGISTERED, State.INVENTORIED, State.FAILED)},
-    Verb.REIMAGE: {s: State.PROVISIONING for s in (State.BOOTED, State.READY, State.DRAINING, State.DRAINED,
-                                                   State.FAILED, State.UNREACHABLE)},
-    Verb.DRAIN: {State.BOOTED: State.DRAINED, State.READY: State.DRAINED, State.DRAINED: State.DRAINED,
-                 State.DRAINING: State.DRAINING},
+    Verb.REIMAGE: {
+        s: State.PROVISIONING
+        for s in (State.BOOTED, State.READY, State.DRAINING, State.DRAINED, State.FAILED, State.UNREACHABLE)
+    },
+    Verb.DRAIN: {
+        State.BOOTED: State.DRAINED,
+        State.READY: State.DRAINED,
+        State.DRAINED: State.DRAINED,
+        State.DRAINING: State.DRAINING,
+    },
     Verb.RESUME: {State.DRAINING: State.READY, State.DRAINED: State.READY},
     Verb.RETIRE: {s: State.RETIRED for s in State if s is not State.RETIRED},
 }
@@ -34,7 +44,11 @@ def test_every_state_and_public_verb(state: State, verb: Verb) -> None:
     if expected is None:
         with pytest.raises(IllegalTransition) as exc:
             next_state("gpu07", state, verb)
-        assert "gpu07" in exc.value.message and state.value in exc.value.message and verb.value in exc.value.message
+        assert (
+            "gpu07" in exc.value.message
+            and state.value in exc.value.message
+            and verb.value in exc.value.message
+        )
         assert exc.value.status_code == 409
         assert verb not in allowed_verbs(state)
     else:
