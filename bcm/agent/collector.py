@@ -193,11 +193,14 @@ class XidWatcher:
         except NvmlError as exc:
             self.problems.append(f"NVML Xid events unavailable ({exc}); falling back to the kernel log")
         if self.use_kmsg or (self.use_kmsg is None and not self.nvml_events):
-            try:
-                self.kmsg.open()
-                self.kmsg_open = True
-            except OSError as exc:
-                self.problems.append(f"kernel log {self.kmsg.path} unreadable: {exc}")
+            self._open_kmsg()
+
+    def _open_kmsg(self) -> None:
+        try:
+            self.kmsg.open()
+            self.kmsg_open = True
+        except OSError as exc:
+            self.problems.append(f"kernel log {self.kmsg.path} unreadable: {exc}")
 
     def stop(self) -> None:
         self.kmsg.close()
@@ -207,29 +210,41 @@ class XidWatcher:
         """Block up to ``timeout_s`` for the first Xid, then return it with any already queued."""
         events: list[schema.XidEvent] = []
         if self.nvml_events:
-            wait_ms = int(timeout_s * 1000)
-            while len(events) < max_events:
-                raw = self.backend.wait_xid(wait_ms)
-                if raw is None:
-                    break
-                events.append(
-                    {
-                        "xid": raw.xid,
-                        "gpu_index": raw.gpu_index,
-                        "uuid": None,
-                        "pci_bus_id": None,
-                        "time": utc_iso(self._wall()),
-                        "source": "nvml",
-                        "message": None,
-                        "recovery_action": None,
-                    }
-                )
-                wait_ms = 0  # only drain what is already queued
+            try:
+                self._drain_nvml(events, int(timeout_s * 1000), max_events)
+            except NvmlError as exc:
+                # A failing event set (driver unloaded, GPU lost) must not turn the agent's loop into a
+                # busy loop: note it, fall back to the kernel log, and sleep out this wait.
+                self.nvml_events = False
+                self.problems.append(f"NVML Xid wait failed ({exc}); falling back to the kernel log")
+                if self.use_kmsg is not False and not self.kmsg_open:
+                    self._open_kmsg()
+                if timeout_s > 0:
+                    self._sleep(timeout_s)
         elif timeout_s > 0:
             self._sleep(timeout_s)
         if self.kmsg_open:
             events.extend(self.kmsg.poll())
         return events[:max_events]
+
+    def _drain_nvml(self, events: list[schema.XidEvent], wait_ms: int, max_events: int) -> None:
+        while len(events) < max_events:
+            raw = self.backend.wait_xid(wait_ms)
+            if raw is None:
+                return
+            events.append(
+                {
+                    "xid": raw.xid,
+                    "gpu_index": raw.gpu_index,
+                    "uuid": None,
+                    "pci_bus_id": None,
+                    "time": utc_iso(self._wall()),
+                    "source": "nvml",
+                    "message": None,
+                    "recovery_action": None,
+                }
+            )
+            wait_ms = 0  # only drain what is already queued
 
 
 class _GpuProbe:
@@ -267,12 +282,12 @@ def _nvlinks(nv: NvmlBackend, probe: _GpuProbe) -> list[schema.NvLinkSample]:
         try:
             active: bool | None = nv.nvlink_active(probe.index, link)
         except NvmlError as exc:
-            # The first link past the GPU's last answers INVALID_ARGUMENT; a GPU without NVLink answers
-            # NOT_SUPPORTED on link 0.
-            if exc.unavailable or exc.code == ERROR_INVALID_ARGUMENT:
-                if link == 0:
-                    probe.unsupported.append("nvlink")
+            # The first link past the GPU's last answers INVALID_ARGUMENT; a link (or a whole GPU) without
+            # NVLink answers NOT_SUPPORTED, and later links may still exist.
+            if exc.code == ERROR_INVALID_ARGUMENT:
                 break
+            if exc.unavailable:
+                continue
             probe.get(f"nvlink[{link}].state", _raise, exc)
             active = None
         counters = {
@@ -290,6 +305,8 @@ def _nvlinks(nv: NvmlBackend, probe: _GpuProbe) -> list[schema.NvLinkSample]:
                 "ecc_data": counters["ecc_data"],
             }
         )
+    if not links and not probe.lost:
+        probe.unsupported.append("nvlink")
     # Per-link counters a driver does not keep would otherwise flood ``unsupported``.
     probe.unsupported = _collapse_nvlink_fields(probe.unsupported)
     return links

@@ -5,6 +5,7 @@ Fixture layout (see ``tests/data/nvml/README.md`` for where the recorded values 
     {"driver_version": "565.57.01", "cuda_driver_version": 12070,
      "init_error": "LIBRARY_NOT_FOUND",            # optional: init() raises this
      "event_registration": "NOT_SUPPORTED",        # optional: register_xid_events() raises this
+     "event_wait": "GPU_IS_LOST",                  # optional: wait_xid() raises this
      "gpus": [{"uuid": "GPU-…", "name": "NVIDIA H100 80GB HBM3", "serial": "…", "pci_bus_id": "00000000:18:00.0",
                "vbios_version": "…", "temperature": 30, "temperature_threshold": {"slowdown": 89, "shutdown": 95},
                "power_usage_mw": 100890, "power_limit_mw": 700000, "utilization": [0, 0],
@@ -189,4 +190,5 @@ class FakeNvml:
         """The next queued event, or None at once: the fake never sleeps, whatever the timeout."""
         if not self.registered:
             raise NvmlError(ERROR_UNINITIALIZED, "register_xid_events was not called")
+        _check(self.fixture.get("event_wait"))
         return self._xids.popleft() if self._xids else None

@@ -276,6 +276,31 @@ def test_xid_154_from_nvml_takes_the_recovery_action_from_the_field() -> None:
     ]
 
 
+def test_failing_nvml_event_wait_falls_back_to_the_kernel_log_and_still_waits() -> None:
+    nv = started(dict(fixture("a100_sxm4_remap_pending.json"), event_wait="GPU_IS_LOST", xid_events=[]))
+    slept: list[float] = []
+    reader = KmsgReader(str(DATA / "kmsg_xid.txt"))
+    watcher = XidWatcher(nv, kmsg=reader, sleep=slept.append)
+    watcher.start()
+    assert watcher.nvml_events and not watcher.kmsg_open
+    events = watcher.wait(1.0)
+    watcher.stop()
+    assert slept == [1.0]  # no busy loop when the event set is broken
+    assert not watcher.nvml_events
+    assert "NVML Xid wait failed (GPU_IS_LOST)" in watcher.problems[-1]
+    assert [e["xid"] for e in events] == [63, 119, 154, 79, 154]
+
+
+def test_nvlink_links_without_support_are_skipped_and_later_links_kept() -> None:
+    data = fixture("h100_sxm_565.json")
+    data["gpus"][0]["nvlinks"][2] = "NOT_SUPPORTED"
+    data["gpus"][0]["nvlinks"][5]["errors"][1] = "NOT_SUPPORTED"
+    gpu = collect(started(data), 3)["gpus"][0]
+    assert [link["link"] for link in gpu["nvlinks"]] == [n for n in range(18) if n != 2]
+    assert gpu["nvlinks"][4]["link"] == 5 and gpu["nvlinks"][4]["recovery"] is None
+    assert gpu["unsupported"][-1] == "nvlink.counters"
+
+
 def test_a_burst_of_xids_is_drained_in_one_wait() -> None:
     nv = started(fixture("h100_sxm_565.json"))
     watcher = XidWatcher(nv, use_kmsg=False, sleep=no_sleep)
