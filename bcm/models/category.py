@@ -27,6 +27,15 @@ class Category(CategoryBase, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
 
 
+def _check_policy(policy: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A category's health thresholds must be ones the rules know, with sane values."""
+    if policy:
+        from bcm.domain.health import Thresholds
+
+        Thresholds().merged(policy)  # raises InvalidInput (a ValueError) naming the bad key
+    return policy
+
+
 class CategoryCreate(CategoryBase):
     name: str = Field(max_length=63)
     health_policy: dict[str, Any] | None = None
@@ -36,9 +45,13 @@ class CategoryCreate(CategoryBase):
     def _name(cls, v: str) -> str:
         return check_name(v)
 
+    _policy = field_validator("health_policy")(_check_policy)
+
 
 class CategoryUpdate(CategoryBase):
     health_policy: dict[str, Any] | None = None
+
+    _policy = field_validator("health_policy")(_check_policy)
 
 
 class CategoryPublic(CategoryBase):
