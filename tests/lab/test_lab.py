@@ -1,0 +1,158 @@
+"""The lab itself: real sshd nodes in namespaces, reached with the real ssh client, and a clean teardown."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bcm.lab import Lab, LabError, net, procs
+
+NODES = 8
+LabFactory = Callable[..., Lab]
+Ssh = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def leftovers(lab: Lab, pids: list[int]) -> list[str]:
+    """Everything of the lab still present on the host, described; [] when the teardown was clean."""
+    found = [f"netns {ns}" for ns in net.netns_names() if ns == lab.netns or ns.startswith(lab.netns + "-")]
+    found += [f"mount {point}" for point in procs.mounts_under(lab.state_dir)]
+    found += [f"process {pid} ({procs.comm(pid)})" for pid in pids if procs.start_time(pid) is not None]
+    found += [f"process {pid} rooted in the lab" for pid in procs.pids_rooted_under(lab.state_dir)]
+    if net.link_exists(lab.host_if):
+        found.append(f"link {lab.host_if}")
+    if (lab.state_dir / "nodes").exists():
+        found.append(f"directory {lab.state_dir / 'nodes'}")
+    return found
+
+
+def test_node_addresses_are_deterministic() -> None:
+    subnet = ipaddress.IPv4Network("198.18.0.0/24")
+    assert net.node_mac(1) == "52:54:00:18:00:01"
+    assert net.node_mac(300) == "52:54:00:18:01:2c"
+    assert str(net.node_address(subnet, 1)) == "198.18.0.11"
+    assert net.max_nodes(subnet) == 244
+    with pytest.raises(LabError):
+        net.node_address(subnet, 245)
+
+
+def test_lab_refuses_addresses_outside_the_benchmark_range(tmp_path: Path) -> None:
+    with pytest.raises(LabError):
+        Lab(tmp_path, "bcmbad", subnet="10.0.0.0/24")
+
+
+@pytest.mark.lab
+def test_nodes_answer_ssh_with_their_own_identity(
+    lab: LabFactory, lab_keypair: Any, lab_ssh: Ssh, tmp_path: Path
+) -> None:
+    built = lab(NODES, [lab_keypair.public])
+    nodes = built.status()
+    assert [node.name for node in nodes] == [f"node{i:02d}" for i in range(1, NODES + 1)]
+    assert all(node.alive for node in nodes)
+    assert len({node.host_key_public for node in nodes}) == NODES
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(built.known_hosts())
+
+    for node in nodes:
+        result = lab_ssh(
+            node.ip,
+            "hostname; cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0;"
+            " ip -4 route show default; ip -6 route show default; echo $HOME",
+            known_hosts,
+        )
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == node.name
+        assert lines[1] == node.mac
+        assert f"inet {node.ip}/24" in lines[2]
+        assert lines[3:] == ["/root"], "a node has a default route or a foreign home"
+
+    for netns in [built.netns, *(node.netns for node in nodes)]:
+        assert net.default_routes(netns) == [], netns
+    host_routes = procs.run(["ip", "route", "show", "dev", built.host_if]).splitlines()
+    assert [route.split()[0] for route in host_routes if route.strip()] == ["198.18.1.0/24"]
+
+
+@pytest.mark.lab
+def test_freeze_rekey_and_restart(lab: LabFactory, lab_keypair: Any, lab_ssh: Ssh, tmp_path: Path) -> None:
+    built = lab(NODES, [lab_keypair.public])
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(built.known_hosts())
+
+    frozen = built.freeze("node02")
+    assert frozen.frozen
+    hung = lab_ssh(frozen.ip, "true", known_hosts, timeout_s=2)
+    assert hung.returncode == 255 and "banner exchange" in hung.stderr
+    thawed = built.thaw("node02")
+    assert not thawed.frozen
+    assert lab_ssh(thawed.ip, "true", known_hosts).returncode == 0
+
+    old_key = built.node("node03").host_key_public
+    rekeyed = built.rekey("node03")
+    assert rekeyed.alive and rekeyed.host_key_public != old_key
+    refused = lab_ssh(rekeyed.ip, "true", known_hosts)
+    assert refused.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in refused.stderr
+    known_hosts.write_text(built.known_hosts())
+    assert lab_ssh(rekeyed.ip, "hostname", known_hosts).stdout.strip() == "node03"
+
+    killed = built.kill("node04")
+    assert not killed.alive
+    assert lab_ssh(killed.ip, "true", known_hosts).returncode == 255
+    assert built.start("node04").alive
+    assert built.run("node04", ["hostname"]).stdout.strip() == "node04"
+
+
+@pytest.mark.lab
+def test_down_leaves_nothing(lab_required: None, lab_keypair: Any, tmp_path: Path) -> None:
+    lab = Lab(tmp_path / "state", "bcmdown", subnet="198.18.2.0/24")
+    try:
+        nodes = lab.up(3, [lab_keypair.public])
+        pids = [pid for node in nodes for pid in (node.sshd_pid, node.parent_pid) if pid]
+        assert len(pids) == 6
+        assert leftovers(lab, pids) != []
+        lab.down()
+        assert leftovers(lab, pids) == []
+        assert lab.status() == []
+    finally:
+        lab.down()
+
+
+@pytest.mark.lab
+def test_up_after_a_crash_cleans_leftovers(
+    lab_required: None, lab_keypair: Any, lab_ssh: Ssh, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    key_file = tmp_path / "key.pub"
+    key_file.write_text(lab_keypair.public + "\n")
+    lab = Lab(state_dir, "bcmcrash", subnet="198.18.3.0/24")
+    try:
+        # A first lab made by another process, which then "crashes" losing its state file, plus strays.
+        subprocess.run(
+            [sys.executable, "-m", "bcm.lab", "--state-dir", str(state_dir), "--name", "bcmcrash",
+             "--subnet", "198.18.3.0/24", "up", "--nodes", "2", "--authorized-key", str(key_file)],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        old = lab.status()
+        old_pids = [pid for node in old for pid in (node.sshd_pid, node.parent_pid) if pid]
+        assert len(old_pids) == 4 and all(node.alive for node in old)
+        (state_dir / "state.json").unlink()
+        procs.run(["ip", "netns", "add", "bcmcrash-stray"])
+        procs.run(["mount", "-t", "tmpfs", "tmpfs", str(state_dir / "nodes" / "node01" / "root")])
+
+        nodes = lab.up(2, [lab_keypair.public])
+
+        assert all(procs.start_time(pid) is None for pid in old_pids)
+        assert "bcmcrash-stray" not in net.netns_names()
+        assert procs.mounts_under(state_dir) == []
+        assert [node.alive for node in nodes] == [True, True]
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(lab.known_hosts())
+        assert lab_ssh(nodes[1].ip, "hostname", known_hosts).stdout.strip() == "node02"
+    finally:
+        lab.down()
+    assert leftovers(lab, []) == []
