@@ -12,6 +12,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -41,6 +42,8 @@ DEFAULT_STATE_DIR = Path("/var/lib/bcm-lab")
 DEFAULT_SUBNET = "198.18.0.0/24"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
+# Short enough that "<name>-<prefix><index>" stays a usable namespace name and host name.
+_NAME = re.compile(r"[a-z][a-z0-9]{0,11}(-[a-z0-9]{1,11})?")
 
 
 class Lab:
@@ -60,6 +63,8 @@ class Lab:
         host_if: str | None = None,
         cache_dir: Path = rootfs.DEFAULT_CACHE_DIR,
     ) -> None:
+        if not _NAME.fullmatch(name) or not _NAME.fullmatch(prefix):
+            raise LabError(f"lab name {name!r} and prefix {prefix!r} must be short lowercase DNS labels")
         self.state_dir = Path(state_dir).absolute()
         self.name = name
         self.prefix = prefix
@@ -304,7 +309,7 @@ class Lab:
         # SIGKILL reaches even stopped (frozen) processes; a node's PID 1 dying takes its sessions along.
         for _ in range(5):
             victims = set(recorded) | set(procs.pids_in_namespaces("net", ns_ids))
-            victims |= set(procs.pids_rooted_under(self.state_dir))
+            victims |= set(procs.pids_rooted_under(self._nodes_dir))
             victims.discard(os.getpid())
             recorded = []
             if not victims:
@@ -312,16 +317,15 @@ class Lab:
             procs.send(victims, signal.SIGKILL)
             procs.wait_gone(sorted(victims), STOP_TIMEOUT_S)
             self._reap()
-        for point in procs.mounts_under(self.state_dir):
+        for point in procs.mounts_under(self._nodes_dir):
             procs.run(["umount", "--lazy", point])
         net.flush_neighbours(self.netns, self.host_if)
         net.delete_netns(namespaces)
         net.delete_link(self.host_if)
-        nodes_dir = self.state_dir / "nodes"
-        if nodes_dir.exists():
-            for sub in nodes_dir.iterdir():
+        if self._nodes_dir.exists():
+            for sub in self._nodes_dir.iterdir():
                 remove_dirs(NodeDirs(sub))
-            nodes_dir.rmdir()
+            self._nodes_dir.rmdir()
         self._state_file.unlink(missing_ok=True)
 
     def _reap(self) -> None:
@@ -335,8 +339,12 @@ class Lab:
     def _state_file(self) -> Path:
         return self.state_dir / "state.json"
 
+    @property
+    def _nodes_dir(self) -> Path:
+        return self.state_dir / "nodes"
+
     def _dirs(self, hostname: str) -> NodeDirs:
-        return NodeDirs(self.state_dir / "nodes" / hostname)
+        return NodeDirs(self._nodes_dir / hostname)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

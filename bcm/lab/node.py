@@ -164,6 +164,9 @@ def start_script(lower: Path, dirs: NodeDirs, hostname: str) -> str:
     return "; ".join(
         [
             "set -e",
+            # No router adverts either: a head running dnsmasq with enable-ra must not give nodes a
+            # default IPv6 route (this /proc/sys/net belongs to the node's network namespace).
+            "for f in /proc/sys/net/ipv6/conf/*/accept_ra; do echo 0 > $f 2>/dev/null || true; done",
             f"mount -t overlay overlay -o {q(overlay_opts)} {root}",
             f"mount -t proc -o nosuid,nodev,noexec proc {root}/proc",
             f"mount -t sysfs -o nosuid,nodev,noexec sysfs {root}/sys",

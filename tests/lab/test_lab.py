@@ -46,6 +46,12 @@ def test_lab_refuses_addresses_outside_the_benchmark_range(tmp_path: Path) -> No
         Lab(tmp_path, "bcmbad", subnet="10.0.0.0/24")
 
 
+@pytest.mark.parametrize("name", ["", "Bcm", "bcm lab", "a-very-long-lab-name-x"])
+def test_lab_refuses_names_unfit_for_namespaces(tmp_path: Path, name: str) -> None:
+    with pytest.raises(LabError):
+        Lab(tmp_path, name)
+
+
 @pytest.mark.lab
 def test_nodes_answer_ssh_with_their_own_identity(
     lab: LabFactory, lab_keypair: Any, lab_ssh: Ssh, tmp_path: Path
@@ -62,7 +68,8 @@ def test_nodes_answer_ssh_with_their_own_identity(
         result = lab_ssh(
             node.ip,
             "hostname; cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0;"
-            " ip -4 route show default; ip -6 route show default; echo $HOME",
+            " ip -4 route show default; ip -6 route show default; echo $HOME;"
+            " cat /proc/sys/net/ipv6/conf/eth0/accept_ra",
             known_hosts,
         )
         assert result.returncode == 0, result.stderr
@@ -70,7 +77,7 @@ def test_nodes_answer_ssh_with_their_own_identity(
         assert lines[0] == node.name
         assert lines[1] == node.mac
         assert f"inet {node.ip}/24" in lines[2]
-        assert lines[3:] == ["/root"], "a node has a default route or a foreign home"
+        assert lines[3:] == ["/root", "0"], "a node has a default route, a foreign home or takes RAs"
 
     for netns in [built.netns, *(node.netns for node in nodes)]:
         assert net.default_routes(netns) == [], netns
