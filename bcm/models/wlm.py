@@ -1,0 +1,128 @@
+"""Workload-manager clusters (Slurm now, Kubernetes later), with the API schema family.
+
+Secrets (the munge key, the accounting database password) are not columns: they live in 0600 files
+under ``<state_dir>/wlm/<name>/`` (see ``bcm.services.wlm``); the table keeps only a fingerprint.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import SecretStr, field_validator
+from sqlalchemy import Text
+from sqlmodel import Column, Field, SQLModel
+
+from bcm.domain.naming import check_name
+from bcm.domain.slurm import SlurmSettings, check_cluster_name
+from bcm.models.base import json_column, ts_column, utcnow
+
+
+class WlmKind(StrEnum):
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+
+
+class WlmState(StrEnum):
+    NEW = "new"
+    """Recorded; never deployed."""
+    DEPLOYING = "deploying"
+    """A deploy operation runs."""
+    DEPLOYED = "deployed"
+    """The last deploy succeeded on the controller and every node."""
+    PARTIAL = "partial"
+    """The controller is up but some nodes failed to deploy."""
+    FAILED = "failed"
+    """The last deploy failed (see last_error)."""
+
+
+class WlmCluster(SQLModel, table=True):
+    __tablename__ = "wlm_cluster"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=40, unique=True, index=True)
+    kind: str = Field(default=WlmKind.SLURM, max_length=16)
+    controller_id: int = Field(foreign_key="node.id", index=True)
+    nodes: str = Field(max_length=65535)  # folded hostlist of member nodes
+    settings: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    state: str = Field(default=WlmState.NEW, max_length=16)
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    munge_key_sha256: str | None = Field(default=None, max_length=64)
+    last_deploy_op: int | None = None
+    last_verify_op: int | None = None
+    last_verify_ok: bool | None = None
+    last_verify_at: datetime | None = Field(default=None, sa_column=ts_column())
+    last_verify: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    synced_at: datetime | None = Field(default=None, sa_column=ts_column())
+    created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    deployed_at: datetime | None = Field(default=None, sa_column=ts_column())
+
+
+class SlurmDeployRequest(SQLModel):
+    """``bcm wlm deploy slurm``: controller node, member nodes, knobs; the DB password is write-only."""
+
+    name: str = Field(default="slurm", max_length=40)
+    controller: str = Field(max_length=63)
+    nodes: str = Field(max_length=65535)
+    settings: SlurmSettings = Field(default_factory=SlurmSettings)
+    storage_pass: SecretStr | None = Field(default=None, max_length=256)
+    verify: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_cluster_name(v)
+
+    @field_validator("controller")
+    @classmethod
+    def _controller(cls, v: str) -> str:
+        return check_name(v, "controller")
+
+    @field_validator("storage_pass")
+    @classmethod
+    def _pass(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and any(c in v.get_secret_value() for c in "\n\r\0"):
+            raise ValueError("storage_pass: must be one line")
+        return v
+
+
+class WlmNodeRequest(SQLModel):
+    nodes: str = Field(max_length=65535)
+    reason: str | None = Field(default=None, max_length=200)
+
+
+class WlmNodePublic(SQLModel):
+    name: str
+    wlm_state: str | None
+    provision_state: str
+    gpus: int
+
+
+class WlmClusterPublic(SQLModel):
+    name: str
+    kind: str
+    controller: str
+    nodes: str
+    state: str
+    settings: dict[str, Any]
+    last_error: str | None
+    last_deploy_op: int | None
+    last_verify_op: int | None
+    last_verify_ok: bool | None
+    last_verify_at: datetime | None
+    last_verify: dict[str, Any] | None
+    synced_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    deployed_at: datetime | None
+
+
+class WlmClusterDetail(WlmClusterPublic):
+    members: list[WlmNodePublic]
+
+
+class WlmStarted(SQLModel):
+    cluster: str
+    operation_id: int
