@@ -356,7 +356,9 @@ class SshClient:
         try:
             # One bound around everything: a host whose sshd accepts TCP and then stalls (or a
             # command that never ends) costs at most connect + command time, never the batch.
-            result = await asyncio.wait_for(self._connect_and(target, attempt, work), connect_s + command_s)
+            result = await asyncio.wait_for(
+                self._connect_and(target, attempt, connect_s, work), connect_s + command_s
+            )
         except Exception as exc:  # every failure becomes this host's status, never the batch's
             result = _classify(target, attempt, exc, connect_s, command_s)
         finally:
@@ -372,6 +374,7 @@ class SshClient:
         self,
         target: Target,
         attempt: _Attempt,
+        connect_s: float,
         work: Callable[[asyncssh.SSHClientConnection], Awaitable[HostResult]],
     ) -> HostResult:
         trusted: list[asyncssh.SSHKey] = []
@@ -389,6 +392,7 @@ class SshClient:
             options=self._options,
             known_hosts=(trusted, [], []),
             client_factory=factory,
+            connect_timeout=connect_s,
         )
         attempt.conn = conn
         attempt.connected = True

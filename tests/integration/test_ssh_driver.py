@@ -352,3 +352,15 @@ def test_ensure_keypair_creates_private_files_once(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert _key_line(path.with_name("id_ed25519.pub")) == first
     assert ensure_keypair(path) == first
+
+
+def test_many_hosts_under_a_small_concurrency_cap(sshd: Sshd, client: SshClient) -> None:
+    hosts = [sshd.target(f"n{i:03d}", pinned=sshd.host_key) for i in range(40)]
+    progress: list[str] = []
+    results = run(
+        client.run_many(hosts, "echo $((6 * 7))", concurrency=8, on_result=lambda r: progress.append(r.name))
+    )
+    assert [r.name for r in results] == [h.name for h in hosts]
+    assert {r.status for r in results} == {HostStatus.OK}
+    assert {r.stdout for r in results} == {"42\n"}
+    assert sorted(progress) == sorted(h.name for h in hosts)
