@@ -29,6 +29,7 @@ class Server:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -41,6 +42,7 @@ class Server:
         )
         if self.database_url:
             env["BCM_DATABASE_URL"] = self.database_url
+        env.update(self.extra_env)
         env.update(extra)
         return env
 

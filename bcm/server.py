@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 
 from bcm.api.app import create_app
 from bcm.db import make_engine, session_scope, upgrade
+from bcm.drivers import ssh
 from bcm.services import auth, categories
 from bcm.settings import Settings
 
@@ -22,6 +23,7 @@ def prepare(settings: Settings) -> tuple[Engine, str | None]:
     os.chmod(settings.state_dir, 0o700)
     engine = make_engine(settings.effective_database_url)
     upgrade(engine)
+    ssh.ensure_keypair(settings.ssh_key_file)  # nodes trust this key (images, `bcm node trust`)
     with session_scope(engine) as session:
         token_file = auth.bootstrap_admin(session, settings.admin_token_file)
         categories.seed_defaults(session)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from bcm import __version__
-from bcm.api.v1 import categories, events, nodes, operations, tokens
+from bcm.api.v1 import categories, events, nodes, operations, ssh, tokens
 from bcm.errors import BcmError
 from bcm.settings import Settings
 
@@ -61,6 +61,7 @@ async def _integrity_error(_request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import bcm.services.inventory  # noqa: F401  (registers the inventory job)
         from bcm.workers.runner import Runner
 
         app.state.runner = Runner(engine, settings)
@@ -85,6 +86,6 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    for module in (nodes, categories, operations, events, tokens):
+    for module in (nodes, categories, operations, events, tokens, ssh):
         app.include_router(module.router, prefix="/api/v1")
     return app

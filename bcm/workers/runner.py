@@ -47,7 +47,10 @@ class Runner:
 
     async def verb(self, verb: str, names: list[str], actor: str, reason: str | None) -> VerbResult:
         if verb in JOBS:
-            op_id = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason)
+            op_id, owner = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason)
+            task = asyncio.create_task(self._run(JOBS[verb], op_id, names, actor, owner))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
             return VerbResult(
                 verb=verb, nodes=[{"name": n, "status": "started"} for n in names], operation_id=op_id
             )
@@ -59,7 +62,8 @@ class Runner:
             nodes = node_svc.apply_verb(s, names, verb, actor, reason)
             return [{"name": n.name, "status": "ok", "state": n.provision_state} for n in nodes]
 
-    def _start_job(self, verb: str, names: list[str], actor: str, reason: str | None) -> int:
+    def _start_job(self, verb: str, names: list[str], actor: str, reason: str | None) -> tuple[int, str]:
+        """Lock the nodes and record the operation (in a worker thread); the caller starts the task."""
         owner = f"op-{uuid.uuid4().hex[:12]}"
         with session_scope(self.engine) as s:
             # lock first, then check legality: nothing starts if any node may not take the verb
@@ -71,10 +75,7 @@ class Runner:
             op.log = f"{verb} {fold_hostlist(names)} by {actor}" + (f": {reason}" if reason else "") + "\n"
             op_id = op.id
         assert op_id is not None
-        task = asyncio.create_task(self._run(JOBS[verb], op_id, names, actor, owner))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return op_id
+        return op_id, owner
 
     async def _run(self, fn: Job, op_id: int, names: list[str], actor: str, owner: str) -> None:
         try:

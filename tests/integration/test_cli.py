@@ -112,3 +112,31 @@ def test_server_process_on_postgresql(tmp_path: Path, pg_url: str) -> None:
         assert "postgresql" in (srv.log.read_text() if srv.log else "")
     finally:
         srv.stop()
+
+
+def test_operations_from_the_cli(tmp_path: Path) -> None:
+    """An inventory operation whose nodes cannot be reached: per-node results, op list/show/wait."""
+    from bcm.devserver import free_port
+
+    srv = Server(tmp_path / "state", extra_env={"BCM_SSH__PORT": str(free_port()), "BCM_SSH__CONNECT_TIMEOUT_S": "3"})
+    srv.start()
+    try:
+        ok(srv.cli("node", "add", "dead1", "--ip", "127.0.0.1"))  # nothing listens on the SSH port
+        ok(srv.cli("node", "add", "noaddr1"))
+        res = srv.cli("node", "inventory", "dead1,noaddr1", "--json")
+        assert res.returncode == 1
+        op = json.loads(res.stdout)
+        assert op["state"] == "failed" and op["progress_done"] == op["progress_total"] == 2
+        assert op["results"]["dead1"]["status"] == "unreachable"
+        assert op["results"]["noaddr1"]["status"] == "no_address"
+        listed = json.loads(ok(srv.cli("op", "list", "--json")))
+        assert [(o["id"], o["kind"], o["state"]) for o in listed] == [(op["id"], "inventory", "failed")]
+        assert "dead1" in ok(srv.cli("op", "show", str(op["id"])))
+        waited = srv.cli("op", "wait", str(op["id"]))
+        assert waited.returncode == 1 and "unreachable" in waited.stdout
+        failed_with(srv.cli("op", "show", "999"), "operation 999 not found")
+        nodes = {n["name"]: n for n in json.loads(ok(srv.cli("node", "list", "--json")))}
+        assert nodes["dead1"]["provision_state"] == "unreachable" and nodes["dead1"]["locked_by"] is None
+        assert "no IP address" in nodes["noaddr1"]["last_error"]
+    finally:
+        srv.stop()

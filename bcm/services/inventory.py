@@ -1,0 +1,163 @@
+"""SSH inventory: run the fact script on many nodes at once and store what each one has.
+
+Registered as the background job of the ``inventory`` verb. One dead, hung or refusing host never
+fails the batch: each host gets its own result, and the healthy ones are inventoried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from sqlalchemy import delete
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from bcm.agent.facts import FACT_SCRIPT
+from bcm.db import session_scope
+from bcm.domain.facts import parse_fact_output
+from bcm.domain.states import Verb, next_state
+from bcm.drivers import ssh
+from bcm.models.base import utcnow
+from bcm.models.gpu import Gpu
+from bcm.models.node import Interface, Node
+from bcm.services import events
+from bcm.services import operations as op_svc
+from bcm.settings import Settings
+from bcm.workers.runner import Runner, job
+
+log = logging.getLogger("bcm.inventory")
+FLUSH_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class NodeTarget:
+    name: str
+    address: str
+    pinned_key: str | None
+
+
+def load_targets(engine: Engine, names: list[str]) -> tuple[list[NodeTarget], dict[str, str]]:
+    """SSH targets for the named nodes (boot interface address), and nodes that have no address."""
+    targets, missing = [], {}
+    with Session(engine) as s:
+        rows = s.exec(select(Node).where(col(Node.name).in_(names))).all()
+        ifaces: dict[int, list[Interface]] = {}
+        for i in s.exec(select(Interface).where(col(Interface.node_id).in_([n.id for n in rows]))):
+            ifaces.setdefault(i.node_id, []).append(i)
+        for n in rows:
+            addrs = sorted(ifaces.get(n.id or 0, []), key=lambda i: (not i.boot, i.id or 0))
+            ip = next((i.ip for i in addrs if i.ip), None)
+            if ip is None:
+                missing[n.name] = "no IP address registered (set one with `bcm node set` or PATCH interfaces)"
+            else:
+                targets.append(NodeTarget(n.name, ip, n.ssh_host_key))
+    return targets, missing
+
+
+def store_result(session: Session, result: ssh.HostResult, actor: str) -> dict[str, Any]:
+    """Apply one host's result to its node; returns the per-node result recorded on the operation."""
+    node = session.exec(select(Node).where(Node.name == result.name)).one()
+    node.target_state = None
+    node.updated_at = utcnow()
+    entry: dict[str, Any] = {"status": result.status.value, "message": result.error or ""}
+    if result.status == "host_key_changed":
+        node.last_error = f"SSH host key changed; refused: {result.error}"
+        events.record(session, actor, "node.host_key_changed", node.name, node.last_error, severity="error",
+                      detail={"seen": result.host_key})
+    elif result.status in ("unreachable", "timed_out"):
+        node.last_error = f"inventory: {result.status}: {result.error}"
+        node.provision_state = next_state(node.name, node.provision_state, Verb.LOST).value
+    elif result.status != "ok":
+        node.last_error = f"inventory: {result.status}: {result.error or result.stderr[-500:]}"
+    else:
+        try:
+            facts = parse_fact_output(result.stdout)
+        except Exception as exc:  # a parser bug on odd hardware must not lose the other nodes
+            log.exception("could not parse facts of %s", node.name)
+            node.last_error = f"inventory: could not parse facts: {type(exc).__name__}: {exc}"
+            session.add(node)
+            return {"status": "command_failed", "message": node.last_error}
+        if node.ssh_host_key is None and result.host_key:
+            node.ssh_host_key = result.host_key  # pinned on first contact
+            events.record(session, actor, "node.host_key_pinned", node.name)
+        node.facts = facts.model_dump(mode="json", exclude={"gpus"})
+        node.inventoried_at = utcnow()
+        node.last_error = None
+        node.provision_state = next_state(node.name, node.provision_state, Verb.INVENTORY_DONE).value
+        _replace_gpus(session, node, facts.gpus)
+        entry["message"] = _summary(facts)
+        entry["gpus"] = len(facts.gpus)
+    session.add(node)
+    return entry
+
+
+def _replace_gpus(session: Session, node: Node, gpus: list[Any]) -> None:
+    uuids = [g.uuid for g in gpus]
+    session.execute(delete(Gpu).where(col(Gpu.node_id) == node.id))
+    if uuids:  # a GPU moved here from another node
+        session.execute(delete(Gpu).where(col(Gpu.uuid).in_(uuids)))
+    session.flush()
+    for g in gpus:
+        session.add(Gpu(node_id=node.id, **g.model_dump(include=set(Gpu.model_fields) - {"id", "node_id"})))  # type: ignore[arg-type]
+
+
+def _summary(facts: Any) -> str:
+    cpu = facts.cpu
+    mem = f"{facts.memory_bytes / 2**30:.0f} GiB" if facts.memory_bytes else "? GiB"
+    threads = cpu.threads if cpu else "?"
+    gpu = f", {len(facts.gpus)}× {facts.gpus[0].name}" if facts.gpus else ""
+    return f"{threads} threads, {mem}{gpu}"
+
+
+@job("inventory")
+async def inventory_job(runner: Runner, op_id: int, names: list[str], actor: str) -> None:
+    settings: Settings = runner.settings
+    engine = runner.engine
+    targets, missing = await anyio.to_thread.run_sync(load_targets, engine, names)
+    pending: list[ssh.HostResult] = []
+    done = asyncio.Event()
+
+    def flush(batch: list[ssh.HostResult], missing_now: dict[str, str]) -> None:
+        with session_scope(engine) as s:
+            results = {r.name: store_result(s, r, actor) for r in batch}
+            for name, why in missing_now.items():
+                node = s.exec(select(Node).where(Node.name == name)).one()
+                node.target_state, node.last_error = None, f"inventory: {why}"
+                s.add(node)
+                results[name] = {"status": "no_address", "message": why}
+            op = op_svc.get(s, op_id)
+            if op.started_at is None:
+                op_svc.start(s, op)
+            log_lines = "".join(f"{n}: {r['status']} {r.get('message', '')}\n" for n, r in results.items())
+            op_svc.add_results(s, op, results, log_lines)
+
+    async def flusher() -> None:
+        while not (done.is_set() and not pending):
+            await asyncio.sleep(FLUSH_EVERY_S)
+            batch = pending[:]
+            del pending[: len(batch)]
+            if batch:
+                await anyio.to_thread.run_sync(flush, batch, {})
+
+    await anyio.to_thread.run_sync(flush, [], missing)
+    flushing = asyncio.create_task(flusher())
+    try:
+        client = ssh.SshClient.from_settings(settings)
+        await client.run_many(
+            [ssh.Target(t.name, t.address, settings.ssh.port, t.pinned_key) for t in targets],
+            FACT_SCRIPT,
+            on_result=pending.append,
+        )
+    finally:
+        done.set()
+        await flushing
+
+    def finish() -> None:
+        with session_scope(engine) as s:
+            op_svc.finish(s, op_svc.get(s, op_id))
+
+    await anyio.to_thread.run_sync(finish)
