@@ -357,6 +357,19 @@ def test_ensure_keypair_creates_private_files_once(tmp_path: Path) -> None:
 def test_many_hosts_under_a_small_concurrency_cap(sshd: Sshd, client: SshClient) -> None:
     hosts = [sshd.target(f"n{i:03d}", pinned=sshd.host_key) for i in range(40)]
     progress: list[str] = []
+    in_flight = peak = 0
+    inner = client._with_connection
+
+    async def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await inner(*args, **kwargs)
+        finally:
+            in_flight -= 1
+
+    client._with_connection = counting  # type: ignore[method-assign]
     results = run(
         client.run_many(hosts, "echo $((6 * 7))", concurrency=8, on_result=lambda r: progress.append(r.name))
     )
@@ -364,3 +377,4 @@ def test_many_hosts_under_a_small_concurrency_cap(sshd: Sshd, client: SshClient)
     assert {r.status for r in results} == {HostStatus.OK}
     assert {r.stdout for r in results} == {"42\n"}
     assert sorted(progress) == sorted(h.name for h in hosts)
+    assert 1 < peak <= 8
