@@ -1,0 +1,90 @@
+"""POST /boot/v1/agent/report: the node-facing endpoint where agents deliver GPU health reports.
+
+Only a node's own agent token is accepted; the node is known from the token, never from the body
+(a report naming another host is refused with 403). The body is capped at ``MAX_REPORT_BYTES``
+before it is parsed; an oversize or malformed report is a 422 and nothing is stored.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Depends, Request, status
+from pydantic import ValidationError
+
+from bcm.api.deps import SessionDep, bearer
+from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
+from bcm.errors import Forbidden, InvalidInput
+from bcm.models.auth import ApiToken, Role
+from bcm.models.base import utcnow
+from bcm.models.health import ReportAccepted
+from bcm.services import auth
+from bcm.services import health as svc
+
+router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
+# Writing last_used_at on every report would double the writes of the busiest endpoint.
+TOKEN_TOUCH_EVERY = timedelta(minutes=5)
+
+
+def node_only_token(request: Request, session: SessionDep) -> ApiToken:
+    """The caller's token, which must be a node's agent token (admin and user tokens are refused)."""
+    token = auth.verify(session, bearer(request))
+    if token.role != Role.NODE.value or token.node_id is None:
+        raise Forbidden("this endpoint takes a node's agent token (issue one with `bcm node token NODE`)")
+    now = utcnow()
+    if token.last_used_at is None or now - token.last_used_at > TOKEN_TOUCH_EVERY:
+        token.last_used_at = now
+        session.add(token)
+    return token
+
+
+NodeOnly = Annotated[ApiToken, Depends(node_only_token)]
+
+
+async def capped_body(request: Request) -> bytes:
+    """The request body, refused (422) as soon as it passes MAX_REPORT_BYTES."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_REPORT_BYTES:
+        raise InvalidInput(
+            f"report of {declared} bytes exceeds the limit of {MAX_REPORT_BYTES}", field="body"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REPORT_BYTES:
+            raise InvalidInput(f"report exceeds the limit of {MAX_REPORT_BYTES} bytes", field="body")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_report(body: bytes) -> HealthReport:
+    try:
+        return HealthReport.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid report"}
+        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise InvalidInput(f"{field}: {first.get('msg', 'invalid')}", field=field) from None
+
+
+@router.post("/report", response_model=ReportAccepted, status_code=status.HTTP_202_ACCEPTED)
+def report(
+    token: NodeOnly,
+    body: Annotated[bytes, Depends(capped_body)],
+    session: SessionDep,
+    request: Request,
+    background: BackgroundTasks,
+) -> ReportAccepted:
+    assert token.node_id is not None
+    parsed = parse_report(body)
+    result = svc.ingest(session, token.node_id, parsed, request.app.state.settings.health)
+    if result.action is not None:
+        # runs after the response (and after the request's commit): the decision is stored first
+        from bcm.workers.health import apply_pending
+
+        background.add_task(
+            apply_pending, request.app.state.engine, request.app.state.settings, [result.node_id]
+        )
+    return ReportAccepted(
+        node=result.node, verdict=result.verdict, report_verdict=result.report_verdict, action=result.action
+    )

@@ -1,0 +1,75 @@
+"""/api/v1/health…: GPU health summary, nodes by verdict, events; a node's GPUs; a GPU's history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from bcm.api.deps import SessionDep, Viewer
+from bcm.models.health import (
+    GpuHealthPublic,
+    GpuHistory,
+    HealthEventPublic,
+    HealthSummary,
+    NodeHealthPage,
+)
+from bcm.services import health_queries as q
+
+router = APIRouter(tags=["health"])
+Hostlist = Annotated[str | None, Query(max_length=65535, description="hostlist, e.g. gpu[01-16]")]
+
+
+@router.get("/health", response_model=HealthSummary)
+def health_summary(session: SessionDep, _t: Viewer, request: Request) -> HealthSummary:
+    return q.summary(session, request.app.state.settings.health)
+
+
+@router.get("/health/nodes", response_model=NodeHealthPage)
+def health_nodes(
+    session: SessionDep,
+    _t: Viewer,
+    request: Request,
+    verdict: Annotated[str | None, Query(max_length=16, description="ok, unknown, warn or fail")] = None,
+    nodes: Hostlist = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> NodeHealthPage:
+    return q.list_nodes(
+        session,
+        request.app.state.settings.health,
+        verdict=verdict,
+        hostlist=nodes,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/health/events", response_model=list[HealthEventPublic])
+def health_events(
+    session: SessionDep,
+    _t: Viewer,
+    since: datetime | None = None,
+    node: Annotated[str | None, Query(max_length=63)] = None,
+    severity: Annotated[str | None, Query(max_length=16)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[HealthEventPublic]:
+    return q.events(session, since=since, node=node, severity=severity, limit=limit, offset=offset)
+
+
+@router.get("/nodes/{name}/gpus", response_model=list[GpuHealthPublic])
+def node_gpus(name: str, session: SessionDep, _t: Viewer) -> list[GpuHealthPublic]:
+    return q.node_gpus(session, name)
+
+
+@router.get("/gpus/{uuid}/history", response_model=GpuHistory)
+def gpu_history(
+    uuid: Annotated[str, "GPU UUID"],
+    session: SessionDep,
+    _t: Viewer,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+) -> GpuHistory:
+    return q.gpu_history(session, uuid, limit=limit, since=since)

@@ -1,0 +1,202 @@
+"""GPU health: latest state per GPU and per node, a bounded sample history, and health events.
+
+``GpuHealth`` and ``NodeHealth`` hold one row each, overwritten by every report (the summary and
+``/metrics`` read only these). ``HealthSample`` is the history, pruned to ``settings.health.history_per_gpu``
+rows per GPU. ``HealthEvent`` records what changed: verdict changes, Xid events, drains and resumes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Index, Integer
+from sqlmodel import Column, Field, SQLModel
+
+from bcm.models.base import json_column, ts_column, utcnow
+
+# SQLite autoincrements only an INTEGER PRIMARY KEY; PostgreSQL needs 64 bits for a long-lived history.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class NodeHealth(SQLModel, table=True):
+    """A node's health: the effective verdict (a FAIL holds until the node has recovered) and drain state."""
+
+    node_id: int = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE")
+    verdict: str = Field(default="UNKNOWN", max_length=16, index=True)
+    report_verdict: str | None = Field(default=None, max_length=16)  # what the last report alone said
+    last_report_at: datetime | None = Field(default=None, sa_column=ts_column(index=True))
+    collected_at: datetime | None = Field(default=None, sa_column=ts_column())
+    consecutive_ok: int = 0
+    gpu_count: int = 0
+    agent_version: str | None = Field(default=None, max_length=64)
+    driver_version: str | None = Field(default=None, max_length=64)
+    findings: list[dict[str, Any]] | None = Field(default=None, sa_column=json_column())
+    drained_by_bcm: bool = False
+    drain_reason: str | None = Field(default=None, max_length=512)
+    pending_action: str | None = Field(default=None, max_length=16, index=True)  # drain | resume
+    action_attempts: int = 0
+    samples_since_prune: int = 0
+    updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+
+
+class GpuHealth(SQLModel, table=True):
+    """The latest sample and verdict of one GPU, keyed by its node and index (UUID indexed)."""
+
+    node_id: int = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE")
+    index: int = Field(primary_key=True)
+    uuid: str = Field(max_length=96, index=True)
+    name: str | None = Field(default=None, max_length=128)
+    pci_bus_id: str | None = Field(default=None, max_length=32)
+    verdict: str = Field(default="UNKNOWN", max_length=16, index=True)
+    reasons: list[dict[str, Any]] | None = Field(default=None, sa_column=json_column())
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    pcie_replay: int | None = None
+    remap_correctable: int | None = None
+    remap_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_sbe: int | None = None
+    retired_dbe: int | None = None
+    retired_pending: bool | None = None
+    last_xid: int | None = None
+    xid_count: int = 0
+    sampled_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+
+
+class HealthSample(SQLModel, table=True):
+    """One GPU's reading from one report (the bounded history)."""
+
+    __table_args__ = (Index("ix_healthsample_uuid_id", "uuid", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
+    node_id: int = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+    uuid: str = Field(max_length=96)
+    gpu_index: int
+    time: datetime = Field(sa_column=ts_column(nullable=False))
+    verdict: str = Field(max_length=16)
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    utilization_gpu_pct: int | None = None
+    memory_used_mib: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    xid: int | None = None
+
+
+class HealthEvent(SQLModel, table=True):
+    """Something worth a person's attention: a verdict change, an Xid, a drain or a resume."""
+
+    id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
+    time: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False, index=True))
+    node_id: int = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+    gpu_uuid: str | None = Field(default=None, max_length=96)
+    gpu_index: int | None = None
+    severity: str = Field(max_length=16, index=True)
+    code: str = Field(max_length=64)
+    message: str = Field(default="", max_length=1024)
+    action: str | None = Field(default=None, max_length=32)
+
+
+# --- API schemas ---------------------------------------------------------------------------------
+
+
+class HealthSummary(SQLModel):
+    nodes: int
+    nodes_by_verdict: dict[str, int]
+    nodes_never_reported: int
+    nodes_stale: int
+    nodes_drained_by_bcm: int
+    gpus: int
+    gpus_by_verdict: dict[str, int]
+    failing: list[str]  # up to 100 names of nodes whose verdict is FAIL
+    interval_s: float
+    generated_at: datetime
+
+
+class NodeHealthPublic(SQLModel):
+    name: str
+    verdict: str
+    report_verdict: str | None
+    last_report_at: datetime | None
+    stale: bool
+    consecutive_ok: int
+    gpu_count: int
+    drained_by_bcm: bool
+    drain_reason: str | None
+    provision_state: str
+    findings: list[dict[str, Any]]
+
+
+class NodeHealthPage(SQLModel):
+    items: list[NodeHealthPublic]
+    total: int
+    limit: int
+    offset: int
+
+
+class GpuHealthPublic(SQLModel):
+    node: str
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    verdict: str
+    reasons: list[dict[str, Any]]
+    temperature_c: int | None
+    power_draw_w: float | None
+    utilization_gpu_pct: int | None
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    ecc_sbe_volatile: int | None
+    ecc_dbe_volatile: int | None
+    last_xid: int | None
+    xid_count: int
+    sampled_at: datetime
+
+
+class HealthSamplePublic(SQLModel):
+    time: datetime
+    verdict: str
+    temperature_c: int | None
+    power_draw_w: float | None
+    utilization_gpu_pct: int | None
+    memory_used_mib: int | None
+    ecc_sbe_volatile: int | None
+    ecc_dbe_volatile: int | None
+    xid: int | None
+
+
+class GpuHistory(SQLModel):
+    uuid: str
+    node: str | None
+    index: int | None
+    samples: list[HealthSamplePublic]
+
+
+class HealthEventPublic(SQLModel):
+    id: int
+    time: datetime
+    node: str
+    gpu_uuid: str | None
+    gpu_index: int | None
+    severity: str
+    code: str
+    message: str
+    action: str | None
+
+
+class ReportAccepted(SQLModel):
+    node: str
+    verdict: str
+    report_verdict: str
+    action: str | None = None
