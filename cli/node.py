@@ -169,6 +169,37 @@ def remove(
     out.print(f"removed {len(gone['deleted'])} node(s)")
 
 
+@app.command("trust")
+def trust(
+    nodes: Nodes,
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="read the root password from stdin")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Install the server's SSH key on nodes, logging in once with a root password."""
+    import sys
+
+    from cli.client import CliError
+
+    if not password_stdin:
+        raise CliError("give the password on stdin with --password-stdin (it is never taken as an argument)")
+    password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise CliError("no password on stdin")
+    res = client().post("/api/v1/nodes/trust", {"nodes": nodes, "password": password})
+    if as_json:
+        emit_json(res)
+    else:
+        table(
+            None,
+            ["NODE", "RESULT", "DETAIL"],
+            [(n, r["status"], r["message"]) for n, r in sorted(res["nodes"].items())],
+        )
+    if any(r["status"] != "ok" for r in res["nodes"].values()):
+        raise typer.Exit(1)
+
+
 def _verb(verb: str, help_text: str) -> None:
     def command(
         nodes: Nodes,

@@ -378,3 +378,26 @@ def test_many_hosts_under_a_small_concurrency_cap(sshd: Sshd, client: SshClient)
     assert {r.stdout for r in results} == {"42\n"}
     assert sorted(progress) == sorted(h.name for h in hosts)
     assert 1 < peak <= 8
+
+
+def test_node_trust_then_inventory_through_the_server(sshd: Sshd, tmp_path: Path) -> None:
+    """`bcm node trust --password-stdin` installs the server's key; inventory then logs in with it."""
+    from bcm.devserver import Server
+
+    srv = Server(tmp_path / "state", extra_env={"BCM_SSH__PORT": str(sshd.port), "BCM_SSH__CONNECT_TIMEOUT_S": "5"})
+    srv.start()
+    try:
+        assert srv.cli("node", "add", "local1", "--ip", "127.0.0.1").returncode == 0
+        before = srv.cli("node", "inventory", "local1", "--json")
+        assert before.returncode == 1 and '"auth_failed"' in before.stdout  # the server's key is not trusted yet
+        wrong = srv.cli("node", "trust", "local1", "--password-stdin", input="not-the-password\n")
+        assert wrong.returncode == 1 and "auth_failed" in wrong.stdout
+        res = srv.cli("node", "trust", "local1", "--password-stdin", "--json", input=ROOT_PASSWORD + "\n")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert ROOT_PASSWORD not in (srv.log.read_text() if srv.log else "")
+        after = srv.cli("node", "inventory", "local1", "--json")
+        assert after.returncode == 0, after.stdout + after.stderr
+        pub = (srv.state_dir / "ssh" / "id_ed25519.pub").read_text().split()[:2]
+        assert " ".join(pub) in (sshd.home / ".ssh" / "authorized_keys").read_text()
+    finally:
+        srv.stop()

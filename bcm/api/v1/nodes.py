@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Query, Request, status
+from sqlmodel import Field, Session, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
 from bcm.domain.naming import expand_hostlist
@@ -18,6 +20,7 @@ from bcm.models.node import (
     VerbResult,
 )
 from bcm.services import nodes as svc
+from bcm.services import trust
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 NamePath = Annotated[str, "node name"]
@@ -62,6 +65,26 @@ def delete_nodes(
 async def node_verb(verb: str, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
     runner = request.app.state.runner
     return await runner.verb(verb, expand_hostlist(body.nodes), actor(token), body.reason)
+
+
+class TrustRequest(SQLModel):
+    nodes: str = Field(max_length=65535)
+    password: str = Field(min_length=1, max_length=1024, repr=False)
+
+
+@router.post("/trust")
+async def trust_nodes(body: TrustRequest, request: Request, token: Admin) -> dict[str, Any]:
+    """Install the server's SSH key on nodes using a one-time root password (never stored)."""
+    names = expand_hostlist(body.nodes)
+    app = request.app
+    await anyio.to_thread.run_sync(_known, app.state.engine, names)
+    results = await trust.trust(app.state.engine, app.state.settings, names, body.password, actor(token))
+    return {"nodes": results}
+
+
+def _known(engine: Any, names: list[str]) -> None:
+    with Session(engine) as s:
+        svc.get_many(s, names)
 
 
 @router.get("/{name}", response_model=NodePublic)
