@@ -1,0 +1,410 @@
+"""Workload-manager background work: Slurm deploy and verify operations, drain/resume through
+scontrol, and the loop that copies Slurm's node states into the database.
+
+Deploy order: lock the hosts, render, check the controller answers over SSH (if not, fail before
+anything is touched), run the playbook (controller play first; compute nodes only if it passed),
+wait for the deployed nodes to register, then the verification job (all or nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from sqlalchemy.engine import Engine
+
+from bcm.db import session_scope
+from bcm.domain.naming import expand_hostlist, fold_hostlist
+from bcm.drivers import ansible, slurm
+from bcm.drivers.ssh import SshClient, Target
+from bcm.errors import BcmError, Conflict, DriverError
+from bcm.models.wlm import SlurmDeployRequest, WlmStarted, WlmState
+from bcm.services import events
+from bcm.services import nodes as node_svc
+from bcm.services import operations as op_svc
+from bcm.services import wlm as svc
+from bcm.settings import Settings
+
+log = logging.getLogger("bcm.wlm")
+
+DEPLOY_TIMEOUT_S = 1800.0
+REGISTER_TIMEOUT_S = 90.0
+VERIFY_TIMEOUT_S = 120.0
+SYNC_INTERVAL_S = 30.0
+
+
+def _spawn(runner: Any, coro: Awaitable[None]) -> None:
+    """Run a job as a task the server's Runner cancels on shutdown."""
+    task = asyncio.ensure_future(coro)
+    runner.tasks.add(task)
+    task.add_done_callback(runner.tasks.discard)
+
+
+def _ssh(settings: Settings) -> SshClient:
+    return SshClient.from_settings(settings)
+
+
+def _controller(engine: Engine, name: str, port: int) -> Target:
+    with session_scope(engine) as s:
+        ctl, addr, key = svc.controller_target(s, svc.get(s, name))
+    return Target(ctl, addr, port, key)
+
+
+# ---- deploy ----------------------------------------------------------------------------------------
+
+
+async def start_deploy(runner: Any, req: SlurmDeployRequest, actor: str) -> WlmStarted:
+    """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background."""
+    engine, settings = runner.engine, runner.settings
+    owner = f"op-{uuid.uuid4().hex[:12]}"
+
+    def begin() -> tuple[int, list[str]]:
+        with session_scope(engine) as s:
+            row = svc.plan_slurm(s, req, actor)
+            ctl = svc.controller_target(s, row)[0]
+            hosts = list(dict.fromkeys([ctl, *expand_hostlist(row.nodes)]))
+            node_svc.acquire_locks(s, hosts, owner)
+            svc.store_storage_pass(
+                settings.state_dir,
+                req.name,
+                req.storage_pass.get_secret_value() if req.storage_pass else None,
+            )
+            op = op_svc.create(s, "wlm.deploy", fold_hostlist(hosts), len(hosts), actor)
+            op.log = f"deploy slurm cluster {row.name}: controller {ctl}, nodes {row.nodes} by {actor}\n"
+            row.last_deploy_op = op.id
+            s.add(row)
+            assert op.id is not None
+            return op.id, hosts
+
+    op_id, hosts = await anyio.to_thread.run_sync(begin)
+    _spawn(runner, _guard(engine, op_id, hosts, owner, req.name, _deploy(runner, op_id, req, actor)))
+    return WlmStarted(cluster=req.name, operation_id=op_id)
+
+
+async def _guard(
+    engine: Engine, op_id: int, hosts: list[str], owner: str, cluster: str, work: Awaitable[None]
+) -> None:
+    """Whatever happens in ``work``, close the operation, settle the cluster state, release the locks."""
+    try:
+        await work
+    except Exception as exc:  # a bug or an unexpected driver failure must still close the operation
+        if not isinstance(exc, BcmError):
+            log.exception("wlm operation %s failed", op_id)
+        message = exc.message if isinstance(exc, BcmError) else f"{type(exc).__name__}: {exc}"
+
+        def fail() -> None:
+            with session_scope(engine) as s:
+                op = op_svc.get(s, op_id)
+                if not op_svc.is_finished(op):
+                    op_svc.finish(s, op, message)
+                row = svc.get(s, cluster)
+                if row.state == WlmState.DEPLOYING:
+                    svc.finish_deploy(s, cluster, ok_nodes=[], failed={}, error=message, actor="bcm")
+
+        await anyio.to_thread.run_sync(fail)
+    finally:
+
+        def release() -> None:
+            with session_scope(engine) as s:
+                node_svc.release_locks(s, hosts, owner)
+
+        await anyio.to_thread.run_sync(release)
+
+
+async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) -> None:
+    engine, settings = runner.engine, runner.settings
+
+    def plan() -> svc.SlurmPlan:
+        with session_scope(engine) as s:
+            op_svc.start(s, op_svc.get(s, op_id))
+            return svc.build_plan(s, settings.state_dir, req.name)
+
+    p = await anyio.to_thread.run_sync(plan)
+    ssh = _ssh(settings)
+    ctl_host = next(h for h in p.hosts if h.name == p.controller)
+    probe = await ssh.run_one(
+        Target(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key), "true"
+    )
+    if not probe.ok:
+        reason = f"controller {p.controller} unreachable: {probe.status.value}: {probe.error}"
+        await anyio.to_thread.run_sync(_record_hosts, engine, op_id, req.name, p, {}, reason, actor)
+        await anyio.to_thread.run_sync(_finish_op, engine, op_id, reason)
+        return
+
+    result = await anyio.to_thread.run_sync(
+        lambda: ansible.run_playbook(
+            "slurm.yml",
+            p.hosts,
+            p.extravars,
+            key_file=settings.ssh_key_file,
+            work_dir=settings.state_dir / "ansible",
+            username=settings.ssh.username,
+            connect_timeout_s=settings.ssh.connect_timeout_s,
+            timeout_s=DEPLOY_TIMEOUT_S,
+        )
+    )
+    per_host: dict[str, dict[str, Any]] = {}
+    for name, recap in result.hosts.items():
+        entry: dict[str, Any] = {"status": recap.status, "changed": recap.changed, "ok_tasks": recap.ok}
+        if recap.error:
+            entry["error"] = recap.error
+        elif recap.status == "not_run":
+            entry["error"] = (
+                "not deployed: the controller play failed" if result.status != "timeout" else "timed out"
+            )
+        per_host[name] = entry
+    ctl = per_host.get(p.controller, {})
+    error = None
+    if ctl.get("status") != "ok":
+        error = f"controller {p.controller}: {ctl.get('error') or ctl.get('status')}"
+    elif result.status == "timeout":
+        error = f"playbook did not finish within {DEPLOY_TIMEOUT_S:.0f}s"
+    log_text = (
+        f"ansible: {result.status} rc={result.rc} changed={result.changed} in {result.duration_s:.1f}s\n"
+    )
+    log_text += "".join(f"  {e}\n" for e in result.errors[:50])
+
+    deployed = [n for n in p.members if per_host.get(n, {}).get("status") == "ok"]
+    if error is None and deployed:
+        states = await slurm.wait_registered(
+            ssh,
+            Target(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key),
+            deployed,
+            timeout_s=REGISTER_TIMEOUT_S,
+        )
+        for n in deployed:
+            st = states.get(n)
+            per_host[n]["slurm_state"] = st.state if st else None
+            if st is None or not slurm._responding(st):
+                per_host[n].update(
+                    status="failed", error=f"slurmd did not register ({st.state if st else 'unknown'})"
+                )
+        await anyio.to_thread.run_sync(
+            _store_states, engine, req.name, {k: v.state for k, v in states.items()}
+        )
+    verify_error = None
+    if error is None and req.verify and deployed:
+        # the deploy is recorded first, so the verify job sees the cluster as deployed
+        await anyio.to_thread.run_sync(
+            _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text
+        )
+        verified = await _verify(runner, op_id, req.name, actor, record_on_op=False)
+        verify_error = None if verified.ok else f"verification job failed: {verified.message}"
+        await anyio.to_thread.run_sync(_finish_op, engine, op_id, verify_error)
+        return
+    await anyio.to_thread.run_sync(
+        _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text
+    )
+    await anyio.to_thread.run_sync(_finish_op, engine, op_id, error)
+
+
+def _record_hosts(
+    engine: Engine,
+    op_id: int,
+    name: str,
+    p: svc.SlurmPlan,
+    per_host: dict[str, dict[str, Any]],
+    error: str | None,
+    actor: str,
+    log_text: str = "",
+) -> None:
+    hosts = [h.name for h in p.hosts]
+    if error and not per_host:  # nothing ran: say so for every host
+        per_host = {h: {"status": "skipped", "error": error} for h in hosts}
+    with session_scope(engine) as s:
+        op = op_svc.get(s, op_id)
+        summary = f"changed={sum(int(r.get('changed', 0)) for r in per_host.values())}\n"
+        op_svc.add_results(s, op, per_host, log_text + (f"error: {error}\n" if error else "") + summary)
+        failed = {n: str(r.get("error") or r["status"]) for n, r in per_host.items() if r["status"] != "ok"}
+        ok_nodes = [n for n in p.members if n not in failed]
+        svc.finish_deploy(s, name, ok_nodes=ok_nodes, failed=failed, error=error, actor=actor)
+
+
+def _finish_op(engine: Engine, op_id: int, error: str | None) -> None:
+    with session_scope(engine) as s:
+        op_svc.finish(s, op_svc.get(s, op_id), error)
+
+
+def _store_states(engine: Engine, name: str, states: dict[str, str]) -> None:
+    with session_scope(engine) as s:
+        svc.apply_states(s, name, states)
+
+
+# ---- verify ----------------------------------------------------------------------------------------
+
+
+async def start_verify(runner: Any, name: str | None, actor: str) -> WlmStarted:
+    engine = runner.engine
+
+    def begin() -> tuple[int, str, list[str]]:
+        with session_scope(engine) as s:
+            row = svc.pick(s, name)
+            if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
+                raise Conflict(f"cluster {row.name} is {row.state}: deploy it before verifying")
+            members = expand_hostlist(row.nodes)
+            op = op_svc.create(s, "wlm.verify", row.nodes, len(members), actor)
+            op_svc.start(s, op)
+            row.last_verify_op = op.id
+            s.add(row)
+            assert op.id is not None
+            return op.id, row.name, members
+
+    op_id, cluster, _members = await anyio.to_thread.run_sync(begin)
+
+    async def work() -> None:
+        await _verify(runner, op_id, cluster, actor, record_on_op=True)
+
+    _spawn(runner, _guard(engine, op_id, [], "", cluster, work()))
+    return WlmStarted(cluster=cluster, operation_id=op_id)
+
+
+async def _verify(
+    runner: Any, op_id: int, name: str, actor: str, *, record_on_op: bool
+) -> slurm.VerifyResult:
+    """The verification job; results go on a verify operation, or into the deploy operation's log."""
+    engine, settings = runner.engine, runner.settings
+
+    def load() -> list[str]:
+        with session_scope(engine) as s:
+            return expand_hostlist(svc.get(s, name).nodes)
+
+    members = await anyio.to_thread.run_sync(load)
+    target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
+    try:
+        result = await slurm.verify_job(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S)
+    except DriverError as exc:
+        result = slurm.VerifyResult(False, exc.message)
+    detail = {
+        "ok": result.ok,
+        "message": result.message,
+        "job_id": result.job_id,
+        "alloc_tres": result.alloc_tres,
+        "nodes": result.nodes,
+        "op": op_id,
+    }
+
+    def record() -> None:
+        with session_scope(engine) as s:
+            svc.record_verify(s, name, op_id, result.ok, detail)
+            op = op_svc.get(s, op_id)
+            line = f"verify: {'passed' if result.ok else 'FAILED'}: {result.message}"
+            line += f" (job {result.job_id}, AllocTRES {result.alloc_tres})\n" if result.job_id else "\n"
+            if record_on_op:
+                status = "ok" if result.ok else "failed"  # all or nothing: one verdict for every node
+                per_node = {
+                    n: {
+                        "status": status,
+                        "cuda_visible_devices": result.nodes.get(n),
+                        **({} if result.ok else {"error": result.message}),
+                    }
+                    for n in members
+                }
+                op_svc.add_results(s, op, per_node, line + result.output[-2000:] + "\n")
+                op_svc.finish(s, op, None if result.ok else result.message)
+            else:
+                op.log = (op.log + line)[-op_svc.MAX_LOG_CHARS :]
+                s.add(op)
+            events.record(
+                s,
+                actor,
+                "wlm.verify",
+                name,
+                line.strip(),
+                severity="info" if result.ok else "error",
+                detail=detail,
+            )
+
+    await anyio.to_thread.run_sync(record)
+    return result
+
+
+# ---- drain / resume / sync ---------------------------------------------------------------------------
+
+
+async def drain(
+    engine: Engine, settings: Settings, names: list[str], reason: str | None, actor: str
+) -> list[dict[str, Any]]:
+    """``scontrol update State=DRAIN Reason="bcm: …"`` on each owning controller; 409 if a node has no cluster."""
+    return await _node_action(engine, settings, names, actor, "drain", reason)
+
+
+async def resume(engine: Engine, settings: Settings, names: list[str], actor: str) -> list[dict[str, Any]]:
+    return await _node_action(engine, settings, names, actor, "resume", None)
+
+
+async def _node_action(
+    engine: Engine, settings: Settings, names: list[str], actor: str, action: str, reason: str | None
+) -> list[dict[str, Any]]:
+    def owners() -> dict[str, list[str]]:
+        with session_scope(engine) as s:
+            node_svc.get_many(s, names)
+            return svc.clusters_of(s, names)
+
+    by_cluster = await anyio.to_thread.run_sync(owners)
+    ssh = _ssh(settings)
+    out: list[dict[str, Any]] = []
+    for cluster, members in by_cluster.items():
+        target = await anyio.to_thread.run_sync(_controller, engine, cluster, settings.ssh.port)
+        if action == "drain":
+            await slurm.drain(ssh, target, members, reason)
+        else:
+            await slurm.resume(ssh, target, members)
+        states = await slurm.node_states(ssh, target)
+
+        def record(
+            cluster: str = cluster, members: list[str] = members, states: dict[str, Any] = states
+        ) -> None:
+            with session_scope(engine) as s:
+                svc.apply_states(s, cluster, {k: v.state for k, v in states.items()})
+                message = slurm.clean_reason(reason) if action == "drain" else ""
+                events.record(s, actor, f"wlm.{action}", fold_hostlist(members), message)
+
+        await anyio.to_thread.run_sync(record)
+        for n in members:
+            st = states.get(n)
+            out.append(
+                {
+                    "name": n,
+                    "status": "ok",
+                    "cluster": cluster,
+                    "wlm_state": st.state if st else None,
+                    "reason": st.reason if st else None,
+                }
+            )
+    return out
+
+
+async def sync_cluster(engine: Engine, settings: Settings, name: str) -> dict[str, str]:
+    """Copy Slurm's node states into the database now; returns them."""
+    target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
+    states = {k: v.state for k, v in (await slurm.node_states(_ssh(settings), target)).items()}
+    await anyio.to_thread.run_sync(_store_states, engine, name, states)
+    return states
+
+
+async def loop(
+    engine: Engine,
+    settings: Settings,
+    interval_s: float = SYNC_INTERVAL_S,
+    *,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Forever (until cancelled): every ``interval_s``, sync each deployed cluster; one failure never stops it."""
+    while not stop():
+
+        def deployed() -> list[str]:
+            with session_scope(engine) as s:
+                return [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
+
+        for name in await anyio.to_thread.run_sync(deployed):
+            try:
+                await sync_cluster(engine, settings, name)
+            except BcmError as exc:
+                log.warning("wlm sync of %s failed: %s", name, exc.message)
+            except Exception:
+                log.exception("wlm sync of %s failed", name)
+        await asyncio.sleep(interval_s)

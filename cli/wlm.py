@@ -1,0 +1,154 @@
+"""`bcm wlm …`: deploy a workload manager onto inventoried nodes, show it, verify it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from cli.client import CliError
+from cli.common import JsonOpt, client, wait_operation
+from cli.render import emit_json, kv, out, table
+
+app = typer.Typer(
+    help="Workload managers: deploy Slurm, show status, run the verification job.", no_args_is_help=True
+)
+deploy_app = typer.Typer(help="Deploy a workload manager.", no_args_is_help=True)
+app.add_typer(deploy_app, name="deploy")
+
+Name = Annotated[str | None, typer.Argument(help="cluster name (default: the only one)")]
+
+
+def _settings(pairs: list[str]) -> dict[str, Any]:
+    out_: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--set wants KEY=VALUE, got {pair!r}")
+        out_[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
+    return out_
+
+
+@deploy_app.command("slurm")
+def deploy_slurm(
+    controller: Annotated[str, typer.Option(help="node that runs slurmctld and slurmdbd")],
+    nodes: Annotated[str, typer.Option(help="compute nodes, a hostlist like gpu[01-16]")],
+    name: Annotated[str, typer.Option(help="Slurm cluster name")] = "slurm",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="a Slurm setting KEY=VALUE (repeatable), e.g. storage_loc=acct"),
+    ] = None,
+    storage_pass_stdin: Annotated[
+        bool, typer.Option("--storage-pass-stdin", help="read the accounting database password from stdin")
+    ] = False,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="skip the verification job")] = False,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="print the operation id and return")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Render Slurm from the database, run the Ansible roles, wait for the nodes, run the verification job."""
+    body: dict[str, Any] = {
+        "name": name,
+        "controller": controller,
+        "nodes": nodes,
+        "settings": _settings(set_ or []),
+        "verify": not no_verify,
+    }
+    if storage_pass_stdin:
+        body["storage_pass"] = sys.stdin.readline().rstrip("\n")
+    c = client()
+    started = c.post("/api/v1/wlm/slurm/deploy", body)
+    if no_wait:
+        emit_json(started) if as_json else out.print(f"operation {started['operation_id']} started")
+        return
+    op = wait_operation(c, started["operation_id"], quiet=as_json)
+    _finish(op, as_json)
+
+
+def _finish(op: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(op)
+    else:
+        rows = [
+            (
+                n,
+                r.get("status"),
+                r.get("changed", ""),
+                r.get("slurm_state") or r.get("cuda_visible_devices") or "",
+                (r.get("error") or "")[:80],
+            )
+            for n, r in sorted((op.get("results") or {}).items())
+        ]
+        table(
+            f"{op['kind']} #{op['id']}: {op['state']}", ["HOST", "STATUS", "CHANGED", "SLURM", "ERROR"], rows
+        )
+        tail = [
+            line
+            for line in (op.get("log") or "").splitlines()
+            if line.startswith(("verify:", "changed=", "error:"))
+        ]
+        for line in tail:
+            out.print(line)
+    if op["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _pick(name: str | None) -> str:
+    if name:
+        return name
+    clusters = client().get("/api/v1/wlm")
+    if len(clusters) == 1:
+        return str(clusters[0]["name"])
+    if not clusters:
+        raise CliError("no workload-manager cluster yet (deploy one with `bcm wlm deploy slurm`)")
+    raise CliError(f"several clusters ({', '.join(c['name'] for c in clusters)}); name one")
+
+
+@app.command("status")
+def status(
+    name: Name = None,
+    sync: Annotated[bool, typer.Option(help="read node states from Slurm first")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a cluster, its last verification and each node's Slurm state."""
+    c = client()
+    cluster = _pick(name)
+    if sync:
+        c.post(f"/api/v1/wlm/{cluster}/sync")
+    info = c.get(f"/api/v1/wlm/{cluster}")
+    if as_json:
+        emit_json(info)
+        return
+    verify = info.get("last_verify") or {}
+    kv(
+        f"{info['kind']} cluster {info['name']}",
+        [
+            ("state", info["state"]),
+            ("controller", info["controller"]),
+            ("nodes", info["nodes"]),
+            ("last error", info.get("last_error")),
+            ("deployed at", info.get("deployed_at")),
+            (
+                "last verify",
+                None
+                if info.get("last_verify_ok") is None
+                else ("passed" if info["last_verify_ok"] else "FAILED"),
+            ),
+            ("verify detail", verify.get("message")),
+            ("verify AllocTRES", verify.get("alloc_tres")),
+            ("synced at", info.get("synced_at")),
+        ],
+    )
+    table(
+        None,
+        ["NODE", "SLURM STATE", "PROVISION STATE", "GPUS"],
+        [(m["name"], m.get("wlm_state"), m["provision_state"], m["gpus"]) for m in info["members"]],
+    )
+
+
+@app.command("verify")
+def verify(name: Name = None, as_json: JsonOpt = False) -> None:
+    """Run one GPU step on every node of the cluster (all or nothing) and record the result."""
+    c = client()
+    started = c.post(f"/api/v1/wlm/{_pick(name)}/verify")
+    _finish(wait_operation(c, started["operation_id"], quiet=as_json), as_json)
