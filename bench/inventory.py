@@ -1,6 +1,6 @@
 """Benchmark: inventory 100 lab SSH nodes with bcm, with clush (same commands), and with `ansible -m setup`.
 
-Needs root (it builds a lab of SSH nodes in network namespaces on 198.18.3.0/24). Prints times and
+Needs root (it builds a lab of SSH nodes in network namespaces on 198.18.6.0/24). Prints times and
 ratios; asserts nothing about speed. Goal: bcm no slower than clush, >= 5x faster than Ansible facts.
 Usage: .venv/bin/python bench/inventory.py [--nodes 100]
 """
@@ -43,7 +43,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bcm-bench-inv-"))
     srv = Server(tmp / "state", extra_env={"BCM_SSH__CONCURRENCY": "256"})
     srv.start()
-    lab = Lab(tmp / "lab", "bcmbench", subnet="198.18.3.0/24")
+    lab = Lab(tmp / "lab", "bcmbench", subnet="198.18.6.0/24")
     try:
         http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}, timeout=300)
         pub = http.get("/api/v1/ssh/public-key").json()["public_key"]

@@ -159,7 +159,8 @@ def test_up_after_a_crash_cleans_leftovers(
         assert [node.alive for node in nodes] == [True, True]
         known_hosts = tmp_path / "known_hosts"
         known_hosts.write_text(lab.known_hosts())
-        assert lab_ssh(nodes[1].ip, "hostname", known_hosts).stdout.strip() == "node02"
+        answer = lab_ssh(nodes[1].ip, "hostname", known_hosts)
+        assert answer.stdout.strip() == "node02", answer.stderr
     finally:
         lab.down()
     assert leftovers(lab, []) == []
