@@ -166,7 +166,10 @@ def run_playbook(
         "ANSIBLE_HOME": str(private / "home"),
         "ANSIBLE_GATHERING": "explicit",
         "ANSIBLE_DISPLAY_ARGS_TO_STDOUT": "False",
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
+        # ansible-playbook from the server's own environment first (runner runs it by name)
+        "PATH": os.pathsep.join(
+            [str(Path(_ansible_bin("ansible-playbook")).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+        ),
     }
     started = time.monotonic()
     try:
@@ -177,7 +180,6 @@ def run_playbook(
             inventory=_inventory(hosts, key_file, username),
             extravars=dict(extravars),
             envvars=envvars,
-            binary=_ansible_bin("ansible-playbook"),
             forks=forks,
             timeout=int(timeout_s),
             quiet=True,

@@ -167,6 +167,8 @@ async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) 
         f"ansible: {result.status} rc={result.rc} changed={result.changed} in {result.duration_s:.1f}s\n"
     )
     log_text += "".join(f"  {e}\n" for e in result.errors[:50])
+    if result.rc != 0 and not result.errors:  # the run itself failed (syntax, inventory): show its output
+        log_text += result.output_tail[-3000:] + "\n"
 
     deployed = [n for n in p.members if per_host.get(n, {}).get("status") == "ok"]
     if error is None and deployed:

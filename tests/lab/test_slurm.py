@@ -19,6 +19,10 @@ from bcm.lab.slurm import SlurmLab
 pytestmark = pytest.mark.lab
 
 
+def explain(op: dict[str, Any]) -> str:
+    return f"{op['state']}: {op.get('error')}\n{op.get('results')}\n{op.get('log', '')[-4000:]}"
+
+
 def sh(built: Any, node: str, *argv: str) -> str:
     done = built.run(node, list(argv), timeout=60)
     assert done.returncode == 0, f"{argv}: {done.stdout}{done.stderr}"
@@ -50,7 +54,7 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
 
     # first deploy: Ansible, registration, verification job
     op = run.deploy()
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", explain(op)
     results = op["results"]
     assert set(results) == {run.controller, *compute}
     assert all(r["status"] == "ok" for r in results.values()), results
@@ -109,7 +113,7 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     res = run.cli_raw("wlm", "verify", "lab")
     assert res.returncode == 0, res.stdout + res.stderr
     again = run.deploy()
-    assert again["state"] == "succeeded", again
+    assert again["state"] == "succeeded", explain(again)
     assert {n: r["changed"] for n, r in again["results"].items()} == {n: 0 for n in again["results"]}
     assert "changed=0" in again["log"]
     status = run.cli_raw("wlm", "status")
@@ -118,7 +122,7 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     # controller unreachable: the operation fails with the reason and claims nothing as deployed
     built.kill(run.controller)
     broken = run.deploy()
-    assert broken["state"] == "failed" and "unreachable" in (broken["error"] or ""), broken
+    assert broken["state"] == "failed" and "unreachable" in (broken["error"] or ""), explain(broken)
     assert all(r["status"] != "ok" for r in broken["results"].values()), broken["results"]
     after = http.get("/api/v1/wlm/lab").json()
     assert after["state"] == "failed" and "unreachable" in after["last_error"]
@@ -127,7 +131,7 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
 def test_secrets_stay_out_of_the_database_and_logs(slurm_lab: SlurmLab) -> None:
     run = slurm_lab
     op = run.deploy(verify=False)
-    assert op["state"] == "succeeded", op
+    assert op["state"] == "succeeded", explain(op)
     key = (run.server.state_dir / "wlm" / "lab" / "munge.key").read_bytes()
     assert (
         len(key) == 1024 and (run.server.state_dir / "wlm" / "lab" / "munge.key").stat().st_mode & 0o077 == 0
