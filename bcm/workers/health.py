@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 import anyio
 from sqlalchemy.engine import Engine
@@ -26,25 +25,41 @@ log = logging.getLogger("bcm.health")
 
 
 async def wlm_apply(engine: Engine, settings: Settings, item: svc.PendingAction) -> str | None:
-    """Drain or resume the node in its workload manager; None when it belongs to none (or none exists).
+    """Drain or resume the node in its Slurm cluster; None when it belongs to no deployed cluster.
 
-    Hook into :mod:`bcm.services.wlm`: ``health_drain(engine, settings, node, reason)`` and
-    ``health_resume(engine, settings, node)``, each returning a short outcome (or None when the node is
-    in no cluster) and raising a ``DriverError`` on failure. Resume must leave a drain whose reason does
-    not start with ``bcm:`` alone (an admin's).
+    Slurm's own view decides whose drain it is: a node already drained with a reason that does not
+    start with ``bcm:`` is an admin's, and bcm neither overwrites nor resumes it.
     """
-    try:
-        from bcm.services import wlm
-    except ImportError:
+    from bcm.drivers import slurm
+    from bcm.drivers.ssh import SshClient, Target
+    from bcm.errors import Conflict
+    from bcm.services import wlm as wlm_svc
+    from bcm.workers import wlm as wlm_jobs
+
+    def owner() -> tuple[str, Target] | None:
+        with session_scope(engine) as s:
+            try:
+                cluster = next(iter(wlm_svc.clusters_of(s, [item.node])))
+            except Conflict:  # in no deployed workload manager: bcm's node state is all there is
+                return None
+            ctl, addr, key = wlm_svc.controller_target(s, wlm_svc.get(s, cluster))
+            return cluster, Target(ctl, addr, settings.ssh.port, key)
+
+    found = await anyio.to_thread.run_sync(owner)
+    if found is None:
         return None
-    hook: Any = getattr(wlm, "health_drain" if item.action == svc.DRAIN else "health_resume", None)
-    if hook is None:
-        return None
+    cluster, controller = found
+    current = (await slurm.node_states(SshClient.from_settings(settings), controller)).get(item.node)
+    admins = current is not None and bool(current.reason) and not current.drained_by_bcm
     if item.action == svc.DRAIN:
-        outcome = await hook(engine, settings, item.node, item.reason or "bcm: GPU health FAIL")
-    else:
-        outcome = await hook(engine, settings, item.node)
-    return None if outcome is None else str(outcome)
+        if admins and current is not None and current.state.startswith("drain"):
+            return f"Slurm {cluster}: already drained by an admin ({current.reason}); left alone"
+        await wlm_jobs.drain(engine, settings, [item.node], item.reason, svc.ACTOR)
+        return f"Slurm {cluster}: drained"
+    if admins:
+        return f"Slurm {cluster}: an admin drained it since ({current.reason if current else ''}); left alone"
+    await wlm_jobs.resume(engine, settings, [item.node], svc.ACTOR)
+    return f"Slurm {cluster}: resumed"
 
 
 async def apply_pending(engine: Engine, settings: Settings, node_ids: list[int] | None = None) -> int:
