@@ -516,17 +516,6 @@ def _decide(
                 )
             )
             return None
-        if state not in IN_SERVICE and state not in DRAINED:
-            events.append(
-                _action_event(
-                    node_id,
-                    now,
-                    "drain.skipped",
-                    Verdict.FAIL,
-                    f"{name} is {state}, not in service: nothing to drain",
-                )
-            )
-            return None
         nh.drained_by_bcm, nh.drain_reason = True, drain_reason(judged)
         nh.pending_action, nh.action_attempts = DRAIN, 0
         events.append(_action_event(node_id, now, "drain.requested", Verdict.FAIL, nh.drain_reason, DRAIN))
@@ -585,6 +574,8 @@ class PendingAction:
     action: str
     reason: str | None
     attempts: int
+    state: str = ""  # bcm's node state after the move (or as it was, when none applied)
+    moved: bool = False  # bcm's node state was moved
 
 
 def claim_pending(
@@ -613,15 +604,20 @@ def claim_pending(
         )
         if won.rowcount != 1:  # type: ignore[attr-defined]
             continue  # another server process took it
+        moved = None
         try:
             if action == DRAIN and state in IN_SERVICE:
-                node_svc.apply_verb(session, [name], DRAIN, ACTOR, reason)
+                moved = node_svc.apply_verb(session, [name], DRAIN, ACTOR, reason)[0].provision_state
             elif action == RESUME and state in DRAINED:
-                node_svc.apply_verb(session, [name], RESUME, ACTOR, "GPU health recovered")
+                moved = node_svc.apply_verb(session, [name], RESUME, ACTOR, "GPU health recovered")[
+                    0
+                ].provision_state
         except BcmError as exc:  # e.g. an operation holds the node's lock: try again later
             finish_pending(session, PendingAction(node_id, name, action, reason, attempts), error=exc.message)
             continue
-        claimed.append(PendingAction(node_id, name, action, reason, attempts))
+        claimed.append(
+            PendingAction(node_id, name, action, reason, attempts, moved or state, moved is not None)
+        )
     session.flush()
     return claimed
 
@@ -632,9 +628,12 @@ def finish_pending(
     """Record how the workload-manager half went; a failure is retried up to MAX_ACTION_ATTEMPTS times."""
     now = utcnow()
     if error is None:
-        done = f"{item.action} of {item.node} done" + (
-            f" ({outcome})" if outcome else " (bcm node state only)"
-        )
+        if outcome:
+            done = f"{item.action} of {item.node}: {outcome}"
+        elif item.moved:
+            done = f"{item.action} of {item.node}: bcm node state now {item.state} (in no workload manager)"
+        else:
+            done = f"{item.action} of {item.node}: nothing to do (node is {item.state or 'not in service'}, in no workload manager)"
         session.execute(
             insert(HealthEvent),
             [_action_event(item.node_id, now, f"{item.action}.done", Verdict.OK, done, item.action)],
