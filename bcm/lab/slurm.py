@@ -197,6 +197,16 @@ sys.argv = ["bcm", "serve", "--host", "127.0.0.1"]
 main()
 """
 
+_CLI_SHIM = """
+import sys
+import cli.main as m
+if not any(g.name == "wlm" for g in m.app.registered_groups):
+    from cli import wlm
+    m.app.add_typer(wlm.app, name="wlm")
+sys.argv = ["bcm", *sys.argv[1:]]
+m.main()
+"""
+
 
 class _ShimServer(Server):
     def start(self) -> None:
@@ -310,10 +320,21 @@ class SlurmLab:
         return self.wait(int(r.json()["operation_id"]))
 
     def cli_raw(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.server.cli(*args)
+        """The real CLI against the server (with `bcm wlm` mounted even before main wires it in)."""
+        from bcm.devserver import REPO
+
+        return subprocess.run(
+            [sys.executable, "-c", _CLI_SHIM, *args],
+            env=self.server.env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
 
     def cli(self, *args: str) -> Any:
-        done = self.server.cli(*args)
+        done = self.cli_raw(*args)
         if done.returncode != 0:
             raise LabError(f"bcm {' '.join(args)}: {done.stdout[-1000:]} {done.stderr[-1000:]}")
         return json.loads(done.stdout)

@@ -34,6 +34,7 @@ log = logging.getLogger("bcm.wlm")
 DEPLOY_TIMEOUT_S = 1800.0
 REGISTER_TIMEOUT_S = 90.0
 VERIFY_TIMEOUT_S = 120.0
+RESUME_WAIT_S = 30.0
 SYNC_INTERVAL_S = 30.0
 
 
@@ -353,9 +354,11 @@ async def _node_action(
         target = await anyio.to_thread.run_sync(_controller, engine, cluster, settings.ssh.port)
         if action == "drain":
             await slurm.drain(ssh, target, members, reason)
+            states = await slurm.node_states(ssh, target)
         else:
             await slurm.resume(ssh, target, members)
-        states = await slurm.node_states(ssh, target)
+            # slurmctld pings a resumed node before it counts as responding again (``idle*`` meanwhile)
+            states = await slurm.wait_registered(ssh, target, members, timeout_s=RESUME_WAIT_S)
 
         def record(
             cluster: str = cluster, members: list[str] = members, states: dict[str, Any] = states
