@@ -21,8 +21,13 @@ def api(srv: Server) -> httpx.Client:
 
 def real_facts(built: Any, name: str) -> dict[str, Any]:
     """What the node really has, read inside it without bcm."""
-    mem_kib = int(next(line.split()[1] for line in built.run(name, ["cat", "/proc/meminfo"]).stdout.splitlines()
-                       if line.startswith("MemTotal:")))
+    mem_kib = int(
+        next(
+            line.split()[1]
+            for line in built.run(name, ["cat", "/proc/meminfo"]).stdout.splitlines()
+            if line.startswith("MemTotal:")
+        )
+    )
     links = json.loads(built.run(name, ["ip", "-j", "link", "show", "eth0"]).stdout)
     addrs = json.loads(built.run(name, ["ip", "-j", "addr", "show", "eth0"]).stdout)
     return {
@@ -34,7 +39,9 @@ def real_facts(built: Any, name: str) -> dict[str, Any]:
 
 
 def test_inventory_with_broken_nodes(lab: Any, tmp_path: Path) -> None:
-    srv = Server(tmp_path / "state", extra_env={"BCM_SSH__CONNECT_TIMEOUT_S": "4", "BCM_SSH__COMMAND_TIMEOUT_S": "30"})
+    srv = Server(
+        tmp_path / "state", extra_env={"BCM_SSH__CONNECT_TIMEOUT_S": "4", "BCM_SSH__COMMAND_TIMEOUT_S": "30"}
+    )
     srv.start()
     built = None
     try:
@@ -43,8 +50,10 @@ def test_inventory_with_broken_nodes(lab: Any, tmp_path: Path) -> None:
         built = lab(12, [pubkey], name="bcminv", subnet="198.18.2.0/24")
         nodes = built.status()
         for n in nodes:
-            r = http.post("/api/v1/nodes", json={"name": n.name, "mac": n.mac, "ip": n.ip,
-                                                 "ssh_host_key": n.host_key_public})
+            r = http.post(
+                "/api/v1/nodes",
+                json={"name": n.name, "mac": n.mac, "ip": n.ip, "ssh_host_key": n.host_key_public},
+            )
             assert r.status_code == 201, r.text
         # four broken nodes in one batch with eight healthy ones
         built.kill("node09")  # unreachable: nothing listens
@@ -60,7 +69,10 @@ def test_inventory_with_broken_nodes(lab: Any, tmp_path: Path) -> None:
         status = {name: r["status"] for name, r in op["results"].items()}
         assert status == {
             **{f"node{i:02d}": "ok" for i in range(1, 9)},
-            "node09": "unreachable", "node10": "timed_out", "node11": "auth_failed", "node12": "host_key_changed",
+            "node09": "unreachable",
+            "node10": "timed_out",
+            "node11": "auth_failed",
+            "node12": "host_key_changed",
         }
 
         for i in range(1, 9):
@@ -70,14 +82,18 @@ def test_inventory_with_broken_nodes(lab: Any, tmp_path: Path) -> None:
             assert facts["hostname"] == real["hostname"] == name
             nic = next(n for n in facts["nics"] if n["name"] == "eth0")
             assert nic["mac"] == real["mac"] == next(n.mac for n in nodes if n.name == name)
-            assert set(nic["addresses"]) >= real["ips"] or real["ips"] <= {a.split("/")[0] for a in nic["addresses"]}
+            assert set(nic["addresses"]) >= real["ips"] or real["ips"] <= {
+                a.split("/")[0] for a in nic["addresses"]
+            }
             assert facts["memory_bytes"] == real["memory_bytes"]
             assert facts["cpu"]["threads"] >= 1
             node = http.get(f"/api/v1/nodes/{name}").json()
             assert node["provision_state"] == "inventoried" and node["last_error"] is None
 
-        states = {n["name"]: (n["provision_state"], n["last_error"] or "")
-                  for n in http.get("/api/v1/nodes", params={"nodes": "node[09-12]"}).json()["items"]}
+        states = {
+            n["name"]: (n["provision_state"], n["last_error"] or "")
+            for n in http.get("/api/v1/nodes", params={"nodes": "node[09-12]"}).json()["items"]
+        }
         assert states["node09"][0] == "unreachable" and states["node10"][0] == "unreachable"
         assert states["node11"][0] == "registered" and "auth_failed" in states["node11"][1]
         assert states["node12"][0] == "registered" and "host key changed" in states["node12"][1]
@@ -100,3 +116,35 @@ def test_inventory_with_broken_nodes(lab: Any, tmp_path: Path) -> None:
             left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
             assert "bcminv" not in left
         srv.stop()
+
+
+def test_lab_cli_registers_nodes_ready_for_inventory(lab_required: None, tmp_path: Path) -> None:
+    """`bcm lab up` registers its nodes (MAC, IP, host key) so `bcm node inventory` works right after."""
+    srv = Server(tmp_path / "state")
+    srv.start()
+    lab_args = ["--state-dir", str(tmp_path / "lab"), "--name", "bcmcli"]
+    try:
+        up = srv.cli(
+            "lab", "up", "--nodes", "3", *lab_args, "--subnet", "198.18.7.0/24", "--category", "gpu", "--json"
+        )
+        assert up.returncode == 0, up.stderr
+        lab_nodes = json.loads(up.stdout)
+        registered = {n["name"]: n for n in json.loads(srv.cli("node", "list", "--json").stdout)}
+        for n in lab_nodes:
+            assert registered[n["name"]]["interfaces"][0]["mac"] == n["mac"]
+            assert registered[n["name"]]["interfaces"][0]["ip"] == n["ip"]
+            assert registered[n["name"]]["category"] == "gpu"
+        inv = srv.cli("node", "inventory", "node[01-03]")
+        assert inv.returncode == 0, inv.stdout + inv.stderr
+        status = json.loads(srv.cli("lab", "status", *lab_args, "--json").stdout)
+        assert [n["alive"] for n in status] == [True, True, True]
+        assert srv.cli("lab", "up", "--nodes", "2", *lab_args, "--subnet", "203.0.113.0/24").returncode == 1
+    finally:
+        down = srv.cli("lab", "down", *lab_args)
+        srv.stop()
+    assert down.returncode == 0, down.stderr
+    assert not [
+        ns
+        for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if ns.startswith("bcmcli")
+    ]
