@@ -139,6 +139,8 @@ class HealthWorker:
             except Exception:  # the database may be briefly away; try again next interval
                 log.exception("health sweep failed")
             done += 1
+            if passes is not None and done >= passes:
+                break
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=health.interval_s)

@@ -317,3 +317,35 @@ def test_metrics_need_a_viewer_token_and_use_dcgm_names(hapi: Any, engine: Engin
     assert hapi.get("/metrics", headers={"Authorization": ""}).status_code == 401
     only = hapi.get("/metrics", params={"nodes": "gpu02"}).text
     assert uuid0 not in only
+
+
+def test_worker_carries_out_a_pending_drain_and_stops_when_asked(
+    hapi: Any, engine: Engine, settings: Any
+) -> None:
+    import asyncio
+
+    from bcm.workers.health import HealthWorker
+
+    add_nodes(hapi, engine, "gpu01")
+    assert post(hapi, node_token(hapi, "gpu01"), report("gpu01")).status_code == 202
+    # database before: a drain decided but never carried out (the server stopped in between)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE nodehealth SET pending_action = 'drain', drained_by_bcm = :t, drain_reason = 'bcm: x'"
+            ),
+            {"t": True},
+        )
+    worker = HealthWorker(engine, settings)
+
+    async def go() -> None:
+        await worker.run(passes=1)
+        worker.start()  # the endless loop stops when asked
+        await asyncio.sleep(0.05)
+        await worker.stop()
+
+    asyncio.run(go())
+    assert state_of(hapi, "gpu01") == "drained"
+    assert worker.task is None
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT pending_action FROM nodehealth")).scalar_one() is None
