@@ -92,6 +92,7 @@ def show(name: str, as_json: JsonOpt = False) -> None:
     iface = ", ".join(f"{i['name']} {i['mac'] or '-'} {i['ip'] or '-'}" for i in node["interfaces"])
     facts = hw.get("facts") or {}
     cpu, mem = facts.get("cpu") or {}, facts.get("memory_bytes")
+    os_, dmi, bmc = facts.get("os") or {}, facts.get("dmi") or {}, facts.get("bmc") or {}
     kv(
         node["name"],
         [
@@ -105,16 +106,53 @@ def show(name: str, as_json: JsonOpt = False) -> None:
             ("last error", node["last_error"]),
             *[(f"effective {k}", v) for k, v in node["effective"].items()],
             (
+                "system",
+                " ".join(
+                    filter(None, [dmi.get("sys_vendor"), dmi.get("product_name"), dmi.get("product_serial")])
+                )
+                or None,
+            ),
+            (
                 "cpu",
-                f"{cpu.get('model', '')} {cpu.get('sockets', '')}s/{cpu.get('cores', '')}c/{cpu.get('threads', '')}t"
-                if cpu
+                f"{cpu.get('model')} ({cpu.get('sockets')} sockets, {cpu.get('cores')} cores, "
+                f"{cpu.get('threads')} threads)"
+                if cpu.get("model")
                 else None,
             ),
             ("memory", f"{mem / 2**30:.1f} GiB" if mem else None),
-            ("os", facts.get("os")),
+            (
+                "os",
+                f"{os_.get('pretty_name') or os_.get('name')}, kernel {facts.get('kernel')}" if os_ else None,
+            ),
+            ("bmc", bmc.get("ip_address")),
+            ("gpu tool", facts.get("gpu_tool")),
             ("inventoried", hw.get("inventoried_at")),
         ],
     )
+    if facts.get("nics"):
+        table(
+            "NICs",
+            ["NAME", "MAC", "STATE", "SPEED Mb/s", "ADDRESSES"],
+            [
+                (n["name"], n["mac"], n["state"], n["speed_mbps"], " ".join(n["addresses"]))
+                for n in facts["nics"]
+            ],
+        )
+    if facts.get("disks"):
+        table(
+            "Disks",
+            ["NAME", "SIZE GiB", "TYPE", "MODEL", "SERIAL"],
+            [
+                (
+                    d["name"],
+                    f"{d['size_bytes'] / 2**30:.0f}" if d.get("size_bytes") else None,
+                    d["type"],
+                    d["model"],
+                    d["serial"],
+                )
+                for d in facts["disks"]
+            ],
+        )
     if hw.get("gpus"):
         table(
             "GPUs",
