@@ -48,7 +48,7 @@ def template(gpus: int) -> dict[str, Any]:
     """A real collector report from the recorded H100 fixture, widened to ``gpus`` GPUs."""
     nv = FakeNvml.from_file(FIXTURE)
     nv.init()
-    rep = copy.deepcopy(dict(collect(nv, gpus, hostname="x")))
+    rep: dict[str, Any] = copy.deepcopy(dict(collect(nv, gpus, hostname="x")))
     nv.shutdown()
     base = rep["gpus"]
     rep["gpus"] = [{**copy.deepcopy(base[i % len(base)]), "index": i} for i in range(gpus)]
@@ -76,7 +76,7 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
         nodes.bulk_create(s, NodeBulkCreate(nodes=f"gpu[00001-{n:05d}]"), "bench")
     with engine.begin() as conn:
         conn.execute(text("UPDATE node SET provision_state = 'ready'"))
-        ids = dict(conn.execute(text("SELECT name, id FROM node")).all())  # type: ignore[arg-type]
+        ids: dict[str, int] = {str(n): int(i) for n, i in conn.execute(text("SELECT name, id FROM node"))}
     payloads = bodies(names, template(gpus))
 
     def ingest_round() -> float:
