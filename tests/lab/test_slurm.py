@@ -5,6 +5,7 @@ bcm, an idempotent second deploy, and the bad inputs (not inventoried, controlle
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,15 +13,29 @@ from typing import Any
 import httpx
 import pytest
 
+from bcm.db import make_engine
 from bcm.lab import fakegpu
 from bcm.lab import slurm as labslurm
 from bcm.lab.slurm import SlurmLab
+from bcm.settings import Settings
+from bcm.workers import wlm as wlm_jobs
 
 pytestmark = pytest.mark.lab
 
 
 def explain(op: dict[str, Any]) -> str:
     return f"{op['state']}: {op.get('error')}\n{op.get('results')}\n{op.get('log', '')[-4000:]}"
+
+
+def sync_once(run: SlurmLab) -> None:
+    """One pass of the periodic state sync, in this process, against the server's database."""
+    settings = Settings(state_dir=run.server.state_dir)
+    engine = make_engine(settings.effective_database_url)
+    stops = iter([False, True])
+    try:
+        asyncio.run(wlm_jobs.loop(engine, settings, 0, stop=lambda: next(stops)))
+    finally:
+        engine.dispose()
 
 
 def sh(built: Any, node: str, *argv: str) -> str:
@@ -105,6 +120,12 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     r = http.post("/api/v1/wlm/actions/resume", json={"nodes": compute[1]})
     assert r.status_code == 200 and r.json()["nodes"][0]["wlm_state"] == "idle", r.text
     assert compute[1] not in sh(built, run.controller, "sinfo", "-R", "--noheader", "--format=%N")
+    # Slurm's own changes flow back: drained by hand on the controller, one pass of the sync loop
+    sh(built, run.controller, "scontrol", "update", f"NodeName={compute[2]}", "State=DRAIN", "Reason=by hand")
+    sync_once(run)
+    listed = {n["name"]: n["wlm_state"] for n in run.cli("node", "list", "--json")}
+    assert listed[compute[2]] in ("drained", "draining") and listed[compute[0]] == "idle", listed
+    sh(built, run.controller, "scontrol", "update", f"NodeName={compute[2]}", "State=RESUME")
     # a node outside any deployed cluster cannot be drained through Slurm
     r = http.post("/api/v1/wlm/actions/drain", json={"nodes": run.controller, "reason": "x"})
     assert r.status_code == 409 and run.controller in r.json()["message"], r.text
