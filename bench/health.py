@@ -91,22 +91,20 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
     timed_s = ingest_round()
 
     # raw: the same 8 sample rows per node, one transaction each, nothing else
-    rows = [
+    from bcm.models.base import utcnow
+
+    now = utcnow()
+    rows: list[list[dict[str, Any]]] = [
         [
-            {"node_id": ids[name], "uuid": f"raw-{ids[name]}-{i}", "gpu_index": i, "time": time.time(), "verdict": "OK",
+            {"node_id": ids[name], "uuid": f"raw-{ids[name]}-{i}", "gpu_index": i, "time": now, "verdict": "OK",
              "temperature_c": 30, "power_draw_w": 100.0, "utilization_gpu_pct": 0, "memory_used_mib": 1,
              "ecc_sbe_volatile": 0, "ecc_dbe_volatile": 0, "xid": None}
             for i in range(gpus)
         ]
         for name in names
     ]  # fmt: skip
-    from bcm.models.base import utcnow
-
-    now = utcnow()
     t0 = time.perf_counter()
     for batch in rows:
-        for r in batch:
-            r["time"] = now
         with engine.begin() as conn:
             if conn.dialect.name == "postgresql":  # as ingest does: no wait for the WAL flush
                 conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
