@@ -66,6 +66,9 @@ def main() -> None:
         f"  re-deploy (no verify)              {seconds(second):7.1f} s  state={second['state']}"
         f"  ansible {ansible_seconds(second)}"
     )
+    for label, op in (("first", first), ("re-deploy", second)):
+        slow = re.search(r"slowest tasks: (.*)", op.get("log") or "")
+        print(f"  {label} slowest tasks: {slow.group(1) if slow else '?'}")
     print(f"  verification job alone             {verify_wall:7.1f} s  state={verify['state']}")
 
 

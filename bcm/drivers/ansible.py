@@ -68,6 +68,10 @@ class PlaybookResult:
     duration_s: float
     output_tail: str = ""
     errors: list[str] = field(default_factory=list)
+    task_seconds: dict[str, float] = field(default_factory=dict)  # task name -> slowest host's time
+
+    def slowest(self, n: int = 5) -> list[tuple[str, float]]:
+        return sorted(self.task_seconds.items(), key=lambda kv: -kv[1])[:n]
 
     @property
     def changed(self) -> int:
@@ -223,10 +227,14 @@ def _collect(runner: Any, hosts: Sequence[AnsibleHost], duration_s: float) -> Pl
         if host in recaps:
             recaps[host].ran = True
     errors: list[str] = []
+    task_seconds: dict[str, float] = {}
     for event in runner.events:
+        data = event.get("event_data") or {}
+        if event.get("event", "").startswith("runner_on_") and isinstance(data.get("duration"), int | float):
+            label = str(data.get("task") or "?")
+            task_seconds[label] = max(task_seconds.get(label, 0.0), float(data["duration"]))
         if event.get("event") not in _FAIL_EVENTS:
             continue
-        data = event.get("event_data") or {}
         if data.get("ignore_errors"):
             continue
         host, task = data.get("host"), data.get("task")
@@ -246,6 +254,7 @@ def _collect(runner: Any, hosts: Sequence[AnsibleHost], duration_s: float) -> Pl
         duration_s=duration_s,
         output_tail=tail,
         errors=errors,
+        task_seconds=task_seconds,
     )
 
 

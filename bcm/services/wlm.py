@@ -156,7 +156,11 @@ def _check_deployable(session: Session, nodes: list[Node], role: str) -> dict[st
 
 
 def plan_slurm(session: Session, req: SlurmDeployRequest, actor: str) -> WlmCluster:
-    """Create or update the cluster row for a deploy; 404/409 before anything runs."""
+    """Create or update the cluster row for a deploy; 404/409 before anything runs.
+
+    Two deploys of one cluster exclude each other through the per-node locks the caller takes in the
+    same transaction (a deploy of a crashed server expires with its locks instead of blocking forever).
+    """
     names = expand_hostlist(req.nodes)
     members = node_svc.get_many(session, names)
     controller = node_svc.get_many(session, [req.controller])[0]
@@ -173,8 +177,6 @@ def plan_slurm(session: Session, req: SlurmDeployRequest, actor: str) -> WlmClus
         cluster = WlmCluster(
             name=req.name, kind=WlmKind.SLURM.value, controller_id=controller.id or 0, nodes=""
         )
-    elif cluster.state == WlmState.DEPLOYING:
-        raise Conflict(f"cluster {req.name!r} is being deployed (operation {cluster.last_deploy_op})")
     cluster.controller_id = controller.id or 0
     cluster.nodes = fold_hostlist(names)
     cluster.settings = req.settings.model_dump(mode="json")

@@ -168,6 +168,7 @@ async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) 
         f"ansible: {result.status} rc={result.rc} changed={result.changed} in {result.duration_s:.1f}s\n"
     )
     log_text += "".join(f"  {e}\n" for e in result.errors[:50])
+    log_text += "slowest tasks: " + ", ".join(f"{t} {d:.1f}s" for t, d in result.slowest()) + "\n"
     if result.rc != 0 and not result.errors:  # the run itself failed (syntax, inventory): show its output
         log_text += result.output_tail[-3000:] + "\n"
 
