@@ -50,7 +50,7 @@ def create_node(spec: NodeCreate, session: SessionDep, token: Operator) -> NodeP
 
 @router.post("/bulk", response_model=list[NodePublic], status_code=status.HTTP_201_CREATED)
 def bulk_create(spec: NodeBulkCreate, session: SessionDep, token: Operator) -> list[NodePublic]:
-    return svc.to_public(session, svc.bulk_create(session, spec, actor(token)))
+    return svc.bulk_create(session, spec, actor(token))
 
 
 @router.delete("")
