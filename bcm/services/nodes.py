@@ -118,7 +118,7 @@ def bulk_create(session: Session, spec: NodeBulkCreate, actor: str) -> list[Node
         rows = conn.execute(
             insert(Node).returning(col(Node.id), col(Node.name)), [{"name": n, **common} for n in chunk]
         )
-        ids.update({name: int(node_id) for node_id, name in rows})
+        ids.update({name: node_id for node_id, name in rows if node_id is not None})
     with_iface = bool(spec.mac or spec.ip)
     if with_iface:
         conn.execute(
