@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import tempfile
 import time
 from datetime import datetime
@@ -45,6 +46,15 @@ def main() -> None:
         lab.up(n, keys)
         return lab
 
+    try:
+        figures = measure(work, factory, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for line in figures:
+        print(line)
+
+
+def measure(work: Path, factory: Any, args: argparse.Namespace) -> list[str]:
     t0 = time.perf_counter()
     with SlurmLab.running(
         factory, work, nodes=args.nodes, gpus_per_node=args.gpus, name="bcmbench", subnet="198.18.4.0/24"
@@ -56,20 +66,21 @@ def main() -> None:
         verify = run.wait(run.http.post("/api/v1/wlm/lab/verify").json()["operation_id"])
         verify_wall = time.perf_counter() - t1
         compute = len(run.compute)
-    print(f"slurm deploy with bcm: 1 controller + {compute} compute nodes, {args.gpus} fake GPUs each")
-    print(f"  lab up + register + inventory      {setup:7.1f} s")
-    print(
+    lines = [f"slurm deploy with bcm: 1 controller + {compute} compute nodes, {args.gpus} fake GPUs each"]
+    lines.append(f"  lab up + register + inventory      {setup:7.1f} s")
+    lines.append(
         f"  first deploy (incl. verify job)    {seconds(first):7.1f} s  state={first['state']}"
         f"  ansible {ansible_seconds(first)}"
     )
-    print(
+    lines.append(
         f"  re-deploy (no verify)              {seconds(second):7.1f} s  state={second['state']}"
         f"  ansible {ansible_seconds(second)}"
     )
     for label, op in (("first", first), ("re-deploy", second)):
         slow = re.search(r"slowest tasks: (.*)", op.get("log") or "")
-        print(f"  {label} slowest tasks: {slow.group(1) if slow else '?'}")
-    print(f"  verification job alone             {verify_wall:7.1f} s  state={verify['state']}")
+        lines.append(f"  {label} slowest tasks: {slow.group(1) if slow else '?'}")
+    lines.append(f"  verification job alone             {verify_wall:7.1f} s  state={verify['state']}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -25,7 +25,19 @@ from bcm.errors import DriverError, FatalDriverError
 
 log = logging.getLogger(__name__)
 
-PLAYBOOK_DIR = Path(__file__).resolve().parents[2] / "ansible"
+
+def playbook_dir() -> Path:
+    """``$BCM_ANSIBLE_DIR``, else the source checkout's ``ansible/``, else ``<prefix>/share/bcm/ansible``."""
+    for candidate in (
+        os.environ.get("BCM_ANSIBLE_DIR"),
+        Path(__file__).resolve().parents[2] / "ansible",
+        Path(sys.prefix) / "share" / "bcm" / "ansible",
+    ):
+        if candidate and (Path(candidate) / "roles").is_dir():
+            return Path(candidate)
+    raise FatalDriverError("no ansible/ directory with roles found (set BCM_ANSIBLE_DIR)")
+
+
 _FAIL_EVENTS = {"runner_on_failed", "runner_on_unreachable"}
 
 
@@ -135,6 +147,8 @@ def run_playbook(
     """
     import ansible_runner  # imported here: importing it pulls in much of Ansible
 
+    playbooks = playbook_dir()
+
     missing = [h.name for h in hosts if not h.host_key]
     if missing:
         raise FatalDriverError(f"no pinned SSH host key for {', '.join(missing)}; inventory them first")
@@ -163,7 +177,7 @@ def run_playbook(
         "ANSIBLE_PIPELINING": "True",
         "ANSIBLE_TIMEOUT": str(int(connect_timeout_s)),
         "ANSIBLE_FORKS": str(forks),
-        "ANSIBLE_ROLES_PATH": str(PLAYBOOK_DIR / "roles"),
+        "ANSIBLE_ROLES_PATH": str(playbooks / "roles"),
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_NOCOLOR": "True",
         "ANSIBLE_LOCAL_TEMP": str(private / "tmp"),
@@ -179,7 +193,7 @@ def run_playbook(
     try:
         runner = ansible_runner.run(
             private_data_dir=str(private),
-            project_dir=str(PLAYBOOK_DIR),
+            project_dir=str(playbooks),
             playbook=playbook,
             inventory=_inventory(hosts, key_file, username),
             extravars=dict(extravars),

@@ -302,6 +302,15 @@ def controller_target(session: Session, row: WlmCluster) -> tuple[str, str, str 
     return node.name, addr, node.ssh_host_key
 
 
+def wlm_members(session: Session, names: list[str]) -> list[str]:
+    """Those of the named nodes that belong to a deployed cluster (their drain goes through Slurm)."""
+    wanted, found = set(names), set()
+    for row in query(session):
+        if row.state in (WlmState.DEPLOYED, WlmState.PARTIAL):
+            found |= wanted & set(expand_hostlist(row.nodes))
+    return [n for n in names if n in found]
+
+
 def clusters_of(session: Session, names: list[str]) -> dict[str, list[str]]:
     """Deployed clusters holding the named nodes; 409 naming the nodes that belong to none."""
     wanted = set(names)
