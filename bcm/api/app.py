@@ -14,7 +14,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from bcm import __version__
-from bcm.api.v1 import categories, events, nodes, operations, ssh, tokens
+from bcm.api import metrics
+from bcm.api.boot import agent as boot_agent
+from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens
 from bcm.errors import BcmError
 from bcm.settings import Settings
 
@@ -62,12 +64,16 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         import bcm.services.inventory  # noqa: F401  (registers the inventory job)
+        from bcm.workers.health import HealthWorker
         from bcm.workers.runner import Runner
 
         app.state.runner = Runner(engine, settings)
+        app.state.health = HealthWorker(engine, settings)
+        app.state.health.start()
         try:
             yield
         finally:
+            await app.state.health.stop()
             await app.state.runner.shutdown()
 
     app = FastAPI(
@@ -86,6 +92,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    for module in (nodes, categories, operations, events, tokens, ssh):
+    for module in (nodes, categories, operations, events, tokens, ssh, health, agents):
         app.include_router(module.router, prefix="/api/v1")
+    app.include_router(boot_agent.router)  # POST /boot/v1/agent/report (node tokens only)
+    app.include_router(metrics.router)  # GET /metrics (viewer+)
     return app

@@ -4,19 +4,26 @@ from bcm.models.auth import ApiToken, Role
 from bcm.models.category import Category
 from bcm.models.event import Event
 from bcm.models.gpu import Gpu
+from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
 from bcm.models.image import Image
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
+from bcm.models.wlm import WlmCluster
 
 __all__ = [
     "ApiToken",
     "Category",
     "Event",
     "Gpu",
+    "GpuHealth",
+    "HealthEvent",
+    "HealthSample",
     "Image",
     "Interface",
     "Node",
+    "NodeHealth",
     "OpState",
     "Operation",
     "Role",
+    "WlmCluster",
 ]

@@ -315,6 +315,10 @@ def apply_verb(
         if action in (Verb.RESUME, Verb.REGISTER):
             n.last_error = None
         session.add(n)
+    if action in (Verb.DRAIN, Verb.RESUME) and actor != "bcm:health":
+        from bcm.services import health  # an admin's own drain or resume takes over from bcm's
+
+        health.note_admin_verb(session, [n.id for n in nodes if n.id is not None], action.value)
     events.record(session, actor, f"node.{action.value}", fold_hostlist(names), reason or "")
     session.flush()
     return nodes
