@@ -118,7 +118,9 @@ def test_operations_from_the_cli(tmp_path: Path) -> None:
     """An inventory operation whose nodes cannot be reached: per-node results, op list/show/wait."""
     from bcm.devserver import free_port
 
-    srv = Server(tmp_path / "state", extra_env={"BCM_SSH__PORT": str(free_port()), "BCM_SSH__CONNECT_TIMEOUT_S": "3"})
+    srv = Server(
+        tmp_path / "state", extra_env={"BCM_SSH__PORT": str(free_port()), "BCM_SSH__CONNECT_TIMEOUT_S": "3"}
+    )
     srv.start()
     try:
         ok(srv.cli("node", "add", "dead1", "--ip", "127.0.0.1"))  # nothing listens on the SSH port
@@ -140,3 +142,53 @@ def test_operations_from_the_cli(tmp_path: Path) -> None:
         assert "no IP address" in nodes["noaddr1"]["last_error"]
     finally:
         srv.stop()
+
+
+def test_health_from_the_cli(server: Server) -> None:
+    """A node's agent token, a failing report, and what `bcm health …` shows for it."""
+    import copy
+
+    from bcm.agent.collector import collect
+    from bcm.agent.fake_nvml import FakeNvml
+
+    nv = FakeNvml.from_file(Path(__file__).parents[1] / "data" / "nvml" / "h100_sxm_565.json")
+    nv.init()
+    rep = copy.deepcopy(dict(collect(nv, None, hostname="gpu01")))
+    nv.shutdown()
+    g = rep["gpus"][0]
+    rep["xid_events"] = [
+        {
+            "xid": 79,
+            "gpu_index": 0,
+            "uuid": g["uuid"],
+            "pci_bus_id": g["pci_bus_id"],
+            "time": rep["collected_at"],
+            "source": "nvml",
+            "message": None,
+            "recovery_action": None,
+        }
+    ]
+    ok(server.cli("node", "add", "gpu[01-02]"))
+    token = ok(server.cli("node", "token", "gpu01")).strip().splitlines()[-1]
+    assert token.startswith("bcm_")
+    bad = httpx.post(
+        f"{server.url}/boot/v1/agent/report", json=rep, headers={"Authorization": "Bearer bcm_nope"}
+    )
+    assert bad.status_code == 401
+    r = httpx.post(
+        f"{server.url}/boot/v1/agent/report", json=rep, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert r.status_code == 202, r.text
+    summary = json.loads(ok(server.cli("health", "--json")))
+    assert [n["name"] for n in summary["failing"]] == ["gpu01"]
+    assert "gpu01" in ok(server.cli("health"))
+    assert [
+        n["name"] for n in json.loads(ok(server.cli("health", "nodes", "--verdict", "fail", "--json")))
+    ] == ["gpu01"]
+    events = ok(server.cli("health", "events", "--json"))
+    assert "79" in events
+    gpus = json.loads(ok(server.cli("health", "gpus", "gpu01", "--json")))
+    assert gpus[0]["uuid"] == g["uuid"] and gpus[0]["verdict"].lower() == "fail"
+    watch = server.cli("health", "watch", "--count", "1", "--interval", "0.2")
+    assert watch.returncode == 0 and "gpu01" in watch.stdout
+    failed_with(server.cli("health", "gpus", "nope"), "nope")
