@@ -64,3 +64,40 @@ def test_bootstrap_token_file_is_private(settings: Any, api: Any) -> None:
     mode = stat.S_IMODE(settings.admin_token_file.stat().st_mode)
     assert mode == 0o600
     assert settings.admin_token_file.read_text().startswith("bcm_")
+
+
+PUBLIC = {"/healthz"}
+
+
+def routes(api: Any) -> list[tuple[str, str]]:
+    """Every (path, method) the app documents."""
+    spec = api.get("/openapi.json").json()
+    return [(path, method.upper()) for path, ops in spec["paths"].items() for method in ops]
+
+
+def test_every_route_needs_a_token(api: Any) -> None:
+    """Walk the app's routes: without a token each one answers 401, before it looks at the body."""
+    api.headers.pop("Authorization")
+    checked = 0
+    for route, method in routes(api):
+        if route in PUBLIC:
+            continue
+        r = api.request(method, route.replace("{", "").replace("}", ""), json={})
+        assert r.status_code == 401, (method, route, r.status_code, r.text)
+        assert "bcm_" not in r.text
+        checked += 1
+    assert checked >= 30
+
+
+def test_viewer_cannot_write_anywhere(api: Any) -> None:
+    viewer = make_token(api, "viewer")
+    writes = [(r, m) for r, m in routes(api) if r.startswith("/api/v1") and m != "GET"]
+    assert len(writes) >= 12
+    for route, method in writes:
+        r = api.request(
+            method,
+            route.replace("{", "").replace("}", ""),
+            json={},
+            headers={"Authorization": f"Bearer {viewer}"},
+        )
+        assert r.status_code == 403, (method, route, r.status_code, r.text)
