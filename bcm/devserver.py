@@ -30,6 +30,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"  # where it listens; clients always use loopback
 
     @property
     def url(self) -> str:
@@ -51,7 +52,7 @@ class Server:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [*BCM, "serve", "--host", "127.0.0.1"],
+                [*BCM, "serve", "--host", self.host],
                 env=self.env(),
                 cwd=REPO,
                 stdout=log,

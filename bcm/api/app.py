@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from bcm import __version__
 from bcm.api import metrics
 from bcm.api.boot import agent as boot_agent
-from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens
+from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens, wlm
 from bcm.errors import BcmError
 from bcm.settings import Settings
 
@@ -64,15 +66,20 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         import bcm.services.inventory  # noqa: F401  (registers the inventory job)
+        from bcm.workers import wlm as wlm_worker
         from bcm.workers.health import HealthWorker
         from bcm.workers.runner import Runner
 
         app.state.runner = Runner(engine, settings)
         app.state.health = HealthWorker(engine, settings)
         app.state.health.start()
+        wlm_sync = asyncio.create_task(wlm_worker.loop(engine, settings), name="bcm-wlm-sync")
         try:
             yield
         finally:
+            wlm_sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await wlm_sync
             await app.state.health.stop()
             await app.state.runner.shutdown()
 
@@ -92,7 +99,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    for module in (nodes, categories, operations, events, tokens, ssh, health, agents):
+    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(boot_agent.router)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(metrics.router)  # GET /metrics (viewer+)

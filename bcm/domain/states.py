@@ -76,7 +76,10 @@ TRANSITIONS: dict[tuple[State, Verb], State] = {
     **{(s, Verb.PROVISION): S.PROVISIONING for s in (S.REGISTERED, S.INVENTORIED, S.FAILED)},
     **{(s, Verb.REIMAGE): S.PROVISIONING for s in (*_ALIVE, S.FAILED, S.UNREACHABLE)},
     (S.PROVISIONING, Verb.BOOT_DONE): S.BOOTED,
+    # joining a workload manager puts a node in service; SSH-inventoried nodes join without a bcm boot
+    (S.INVENTORIED, Verb.JOIN_DONE): S.READY,
     (S.BOOTED, Verb.JOIN_DONE): S.READY,
+    (S.DRAINING, Verb.JOIN_DONE): S.DRAINING,
     (S.DRAINED, Verb.JOIN_DONE): S.DRAINED,
     (S.READY, Verb.JOIN_DONE): S.READY,
     **{(s, Verb.DRAIN): S.DRAINED for s in (S.BOOTED, S.READY, S.DRAINED)},

@@ -18,7 +18,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -179,46 +178,6 @@ LAB_SETTINGS: dict[str, object] = {
     "constrain_devices": False,
 }
 
-# Runs `bcm serve` with the WLM router mounted even before the server wires it in (then a no-op).
-_SERVE_SHIM = """
-import sys
-import bcm.api.app as appmod
-import bcm.server as servermod
-_orig = appmod.create_app
-def create_app(settings, engine):
-    app = _orig(settings, engine)
-    if not any(getattr(r, "path", "").startswith("/api/v1/wlm") for r in app.routes):
-        from bcm.api.v1 import wlm
-        app.include_router(wlm.router, prefix="/api/v1")
-    return app
-appmod.create_app = servermod.create_app = create_app
-from cli.main import main
-sys.argv = ["bcm", "serve", "--host", "127.0.0.1"]
-main()
-"""
-
-_CLI_SHIM = """
-import sys
-import cli.main as m
-if not any(g.name == "wlm" for g in m.app.registered_groups):
-    from cli import wlm
-    m.app.add_typer(wlm.app, name="wlm")
-sys.argv = ["bcm", *sys.argv[1:]]
-m.main()
-"""
-
-
-class _ShimServer(Server):
-    def start(self) -> None:
-        import bcm.devserver as dev
-
-        saved = dev.BCM
-        dev.BCM = [sys.executable, "-c", _SERVE_SHIM]
-        try:
-            super().start()
-        finally:
-            dev.BCM = saved
-
 
 @dataclass
 class SlurmLab:
@@ -247,11 +206,16 @@ class SlurmLab:
         gpus_per_node: int = 2,
         name: str = "bcmslurm",
         subnet: str = "198.18.3.0/24",
+        server_host: str = "127.0.0.1",
     ) -> Iterator[SlurmLab]:
-        """Everything up (lab, MariaDB database, server, inventory); everything down afterwards."""
-        server = _ShimServer(
+        """Everything up (lab, MariaDB database, server, inventory); everything down afterwards.
+
+        ``server_host="0.0.0.0"`` lets lab nodes reach the server at the head's lab address (agents).
+        """
+        server = Server(
             work_dir / "state",
             extra_env={"BCM_SSH__CONNECT_TIMEOUT_S": "5", "BCM_SSH__COMMAND_TIMEOUT_S": "120"},
+            host=server_host,
         )
         db = AccountingDb.create()
         built: Lab | None = None
@@ -320,11 +284,11 @@ class SlurmLab:
         return self.wait(int(r.json()["operation_id"]))
 
     def cli_raw(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The real CLI against the server (with `bcm wlm` mounted even before main wires it in)."""
-        from bcm.devserver import REPO
+        """The real CLI against the server."""
+        from bcm.devserver import BCM, REPO
 
         return subprocess.run(
-            [sys.executable, "-c", _CLI_SHIM, *args],
+            [*BCM, *args],
             env=self.server.env(),
             cwd=REPO,
             capture_output=True,

@@ -324,6 +324,17 @@ def apply_verb(
     return nodes
 
 
+def join_workload_manager(session: Session, names: list[str]) -> None:
+    """Nodes a workload manager accepted are in service (ready); drained ones stay drained."""
+    for node in get_many(session, names):
+        try:
+            node.provision_state = next_state(node.name, node.provision_state, Verb.JOIN_DONE).value
+        except IllegalTransition:
+            continue  # failed/unreachable nodes keep telling their own story
+        session.add(node)
+    session.flush()
+
+
 def _locked(node: Node) -> bool:
     if node.lock_owner is None:
         return False

@@ -269,6 +269,8 @@ def finish_deploy(
         row.last_error = "; ".join(f"{n}: {e}" for n, e in list(failed.items())[:10])
     else:
         row.state, row.last_error, row.deployed_at = WlmState.DEPLOYED.value, None, utcnow()
+    if not error:
+        node_svc.join_workload_manager(session, ok_nodes)
     row.updated_at = utcnow()
     session.add(row)
     events.record(

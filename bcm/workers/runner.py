@@ -54,8 +54,33 @@ class Runner:
             return VerbResult(
                 verb=verb, nodes=[{"name": n, "status": "started"} for n in names], operation_id=op_id
             )
+        if verb in ("drain", "resume"):
+            await self._through_workload_manager(verb, names, actor, reason)
         moved = await anyio.to_thread.run_sync(self._apply, verb, names, actor, reason)
         return VerbResult(verb=verb, nodes=moved)
+
+    async def _through_workload_manager(
+        self, verb: str, names: list[str], actor: str, reason: str | None
+    ) -> None:
+        """Nodes in a deployed cluster are drained/resumed in it first (Slurm: ``bcm:`` reasons).
+
+        Legality is checked before Slurm is touched; if Slurm fails, bcm's own state is left as it was.
+        """
+        from bcm.services import wlm as wlm_svc
+        from bcm.workers import wlm as wlm_worker
+
+        def members() -> list[str]:
+            with session_scope(self.engine) as s:
+                node_svc.check_verb(s, names, verb)
+                return wlm_svc.wlm_members(s, names)
+
+        in_wlm = await anyio.to_thread.run_sync(members)
+        if not in_wlm:
+            return
+        if verb == "drain":
+            await wlm_worker.drain(self.engine, self.settings, in_wlm, reason or "drained by an admin", actor)
+        else:
+            await wlm_worker.resume(self.engine, self.settings, in_wlm, actor)
 
     def _apply(self, verb: str, names: list[str], actor: str, reason: str | None) -> list[dict[str, Any]]:
         with session_scope(self.engine) as s:

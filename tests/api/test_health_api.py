@@ -21,24 +21,9 @@ NVML = Path(__file__).resolve().parents[1] / "data" / "nvml"
 REPORT_URL = "/boot/v1/agent/report"
 
 
-def _with_health_routes(client: Any) -> Any:
-    """The health routers, until create_app includes them itself (then this does nothing)."""
-    from bcm.api.boot import agent
-    from bcm.api.v1 import agents, health
-
-    paths = {getattr(r, "path", "") for r in client.app.routes}
-    if "/api/v1/health" not in paths:
-        client.app.include_router(health.router, prefix="/api/v1")
-    if REPORT_URL not in paths:
-        client.app.include_router(agent.router)
-    if "/api/v1/agents/deploy" not in paths:
-        client.app.include_router(agents.router, prefix="/api/v1")
-    return client
-
-
 @pytest.fixture
 def hapi(api: Any) -> Any:
-    return _with_health_routes(api)
+    return api
 
 
 def report(host: str, fixture: str = "h100_sxm_565.json", expected: int | None = None) -> dict[str, Any]:

@@ -17,12 +17,7 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh
 
 @pytest.fixture
 def wlm_api(api: Any) -> Any:
-    """The API with the WLM router (mounted here if the app does not include it yet)."""
-    app = api.app
-    if not any(getattr(r, "path", "").startswith("/api/v1/wlm") for r in app.routes):
-        from bcm.api.v1 import wlm
-
-        app.include_router(wlm.router, prefix="/api/v1")
+    """The API (the WLM routes are part of it)."""
     return api
 
 

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from bcm.lab import fakegpu
-from bcm.lab import slurm as labslurm
 from bcm.lab.slurm import SlurmLab
 
 pytestmark = pytest.mark.lab
@@ -25,36 +24,6 @@ pytestmark = pytest.mark.lab
 NVML = Path(__file__).resolve().parents[1] / "data" / "nvml" / "h100_sxm_565.json"
 INTERVAL_S = 2.0
 GPUS = 2
-
-# `bcm serve` with the WLM and health routers mounted (no-ops once create_app includes them), listening
-# beyond loopback so that lab nodes reach it at the head node's lab address.
-_SHIM = """
-import sys
-import bcm.api.app as appmod
-import bcm.server as servermod
-_orig = appmod.create_app
-def create_app(settings, engine):
-    app = _orig(settings, engine)
-    paths = {getattr(r, "path", "") for r in app.routes}
-    from bcm.api import metrics
-    from bcm.api.boot import agent
-    from bcm.api.v1 import agents, health, wlm
-    if "/api/v1/wlm" not in paths:
-        app.include_router(wlm.router, prefix="/api/v1")
-    if "/api/v1/health" not in paths:
-        app.include_router(health.router, prefix="/api/v1")
-    if "/api/v1/agents/deploy" not in paths:
-        app.include_router(agents.router, prefix="/api/v1")
-    if "/boot/v1/agent/report" not in paths:
-        app.include_router(agent.router)
-    if "/metrics" not in paths:
-        app.include_router(metrics.router)
-    return app
-appmod.create_app = servermod.create_app = create_app
-from cli.main import main
-sys.argv = ["bcm", "serve", "--host", "0.0.0.0"]
-main()
-"""
 
 
 def fixture_for(node: str) -> dict[str, Any]:
@@ -114,11 +83,16 @@ def start_agent(run: SlurmLab, node: str) -> None:
 
 
 def test_agents_report_fail_drains_in_slurm_recovery_resumes_admin_drain_stays(
-    lab: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lab: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(labslurm, "_SERVE_SHIM", _SHIM)
     with SlurmLab.running(
-        lab, tmp_path, nodes=3, gpus_per_node=GPUS, name="bcmhealth", subnet="198.18.7.0/24"
+        lab,
+        tmp_path,
+        nodes=3,
+        gpus_per_node=GPUS,
+        name="bcmhealth",
+        subnet="198.18.7.0/24",
+        server_host="0.0.0.0",
     ) as run:
         http: httpx.Client = run.http
         sick, admins = run.compute  # node02, node03

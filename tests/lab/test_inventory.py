@@ -125,7 +125,7 @@ def test_lab_cli_registers_nodes_ready_for_inventory(lab_required: None, tmp_pat
     lab_args = ["--state-dir", str(tmp_path / "lab"), "--name", "bcmcli"]
     try:
         up = srv.cli(
-            "lab", "up", "--nodes", "3", *lab_args, "--subnet", "198.18.7.0/24", "--category", "gpu", "--json"
+            "lab", "up", "--nodes", "3", *lab_args, "--subnet", "198.18.8.0/24", "--category", "gpu", "--json"
         )
         assert up.returncode == 0, up.stderr
         lab_nodes = json.loads(up.stdout)

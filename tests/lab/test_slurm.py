@@ -6,6 +6,7 @@ bcm, an idempotent second deploy, and the bad inputs (not inventoried, controlle
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,13 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     assert {m["name"]: m["wlm_state"] for m in cluster["members"]} == {n: "idle" for n in compute}
 
     # drain through bcm: Slurm shows the bcm: reason, bcm shows the state
-    r = http.post("/api/v1/wlm/actions/drain", json={"nodes": compute[1], "reason": "fan replacement"})
-    assert r.status_code == 200, r.text
+    # the deploy put its nodes in service
+    assert {
+        n["name"]: n["provision_state"] for n in run.cli("node", "list", "--json") if n["name"] in compute
+    } == {n: "ready" for n in compute}
+    drained = run.cli_raw("node", "drain", compute[1], "--reason", "fan replacement", "--json")
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    assert json.loads(drained.stdout)["nodes"][0]["state"] == "drained"
     reasons = sh(built, run.controller, "sinfo", "-R", "--noheader", "--format=%N|%E")
     assert f"{compute[1]}|bcm: fan replacement" in reasons, reasons
     listed = run.cli("node", "list", "--json")
@@ -117,8 +123,10 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     )
     assert http.get("/api/v1/wlm/lab").json()["last_verify_ok"] is False
 
-    r = http.post("/api/v1/wlm/actions/resume", json={"nodes": compute[1]})
-    assert r.status_code == 200 and r.json()["nodes"][0]["wlm_state"] == "idle", r.text
+    resumed = run.cli_raw("node", "resume", compute[1], "--json")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads(resumed.stdout)["nodes"][0]["state"] == "ready"
+    assert http.get(f"/api/v1/nodes/{compute[1]}").json()["wlm_state"] == "idle"
     assert compute[1] not in sh(built, run.controller, "sinfo", "-R", "--noheader", "--format=%N")
     # Slurm's own changes flow back: drained by hand on the controller, one pass of the sync loop
     sh(built, run.controller, "scontrol", "update", f"NodeName={compute[2]}", "State=DRAIN", "Reason=by hand")

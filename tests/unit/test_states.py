@@ -59,6 +59,8 @@ def test_every_state_and_public_verb(state: State, verb: Verb) -> None:
 def test_internal_events_reach_the_working_states() -> None:
     assert next_state("n", State.PROVISIONING, Verb.BOOT_DONE) is State.BOOTED
     assert next_state("n", State.BOOTED, Verb.JOIN_DONE) is State.READY
+    assert next_state("n", State.INVENTORIED, Verb.JOIN_DONE) is State.READY
+    assert next_state("n", State.DRAINED, Verb.JOIN_DONE) is State.DRAINED
     assert next_state("n", State.READY, Verb.LOST) is State.UNREACHABLE
     assert next_state("n", State.DRAINING, Verb.DRAIN_DONE) is State.DRAINED
     with pytest.raises(IllegalTransition):
