@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import agent, category, health, lab, node, op, token, wlm
+from cli import agent, category, health, lab, node, op, token, user, wlm
 from cli.client import CliError
 from cli.common import TokenOpt, UrlOpt, configure
 from cli.render import err
@@ -22,6 +22,7 @@ app.add_typer(node.app, name="node")
 app.add_typer(category.app, name="category")
 app.add_typer(op.app, name="op")
 app.add_typer(token.app, name="token")
+app.add_typer(user.app, name="user")
 app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
 app.add_typer(agent.app, name="agent")

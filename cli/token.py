@@ -16,10 +16,11 @@ app = typer.Typer(help="API tokens: create (shown once), list, revoke.", no_args
 def create(
     name: str,
     role: Annotated[str, typer.Option(help="admin, operator or viewer")] = "viewer",
+    user: Annotated[str | None, typer.Option(help="owner; the role may not exceed theirs")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a token; its secret is printed once."""
-    tok = client().post("/api/v1/tokens", {"name": name, "role": role})
+    tok = client().post("/api/v1/tokens", {"name": name, "role": role, "user": user})
     if as_json:
         emit_json(tok)
         return
@@ -38,11 +39,12 @@ def list_tokens(
         return
     table(
         None,
-        ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "LAST USED", "REVOKED"],
+        ["ID", "NAME", "USER", "ROLE", "PREFIX", "CREATED", "LAST USED", "REVOKED"],
         [
             (
                 t["id"],
                 t["name"],
+                t.get("user"),
                 t["role"],
                 t["prefix"] + "…",
                 t["created_at"],

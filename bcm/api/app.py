@@ -101,6 +101,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
         app.include_router(module.router, prefix="/api/v1")
+    app.include_router(tokens.users, prefix="/api/v1")
     app.include_router(boot_agent.router)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(metrics.router)  # GET /metrics (viewer+)
     return app

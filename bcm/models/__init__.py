@@ -1,6 +1,6 @@
 """SQLModel tables and API schemas, one module per aggregate. Importing this registers every table."""
 
-from bcm.models.auth import ApiToken, Role
+from bcm.models.auth import ApiToken, Role, User
 from bcm.models.category import Category
 from bcm.models.event import Event
 from bcm.models.gpu import Gpu
@@ -25,5 +25,6 @@ __all__ = [
     "OpState",
     "Operation",
     "Role",
+    "User",
     "WlmCluster",
 ]

@@ -7,10 +7,11 @@ import os
 import secrets
 from pathlib import Path
 
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from bcm.errors import Forbidden, NotFound, Unauthorized
-from bcm.models.auth import ApiToken, Role
+from bcm.errors import Duplicate, Forbidden, InvalidInput, NotFound, Unauthorized
+from bcm.models.auth import ApiToken, Role, TokenPublic, User, UserCreate, UserPublic
 from bcm.models.base import utcnow
 
 TOKEN_PREFIX = "bcm_"  # noqa: S105 - a prefix, not a secret
@@ -20,11 +21,26 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def issue(session: Session, name: str, role: Role, *, node_id: int | None = None) -> tuple[ApiToken, str]:
+def issue(
+    session: Session, name: str, role: Role, *, node_id: int | None = None, user: str | None = None
+) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the secret, which is never stored."""
+    user_id = None
+    if user is not None:
+        owner = get_user(session, user)
+        if role.rank > Role(owner.role).rank:
+            raise InvalidInput(
+                f"role: {role.value} exceeds the role of user {user!r} ({owner.role})", field="role"
+            )
+        user_id = owner.id
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiToken(
-        name=name, role=role.value, token_hash=hash_token(secret), prefix=secret[:10], node_id=node_id
+        name=name,
+        role=role.value,
+        token_hash=hash_token(secret),
+        prefix=secret[:10],
+        node_id=node_id,
+        user_id=user_id,
     )
     session.add(row)
     session.flush()
@@ -81,3 +97,55 @@ def bootstrap_admin(session: Session, token_file: Path) -> str | None:
         fh.write(secret + "\n")
     os.chmod(token_file, 0o600)
     return str(token_file)
+
+
+def get_user(session: Session, name: str) -> User:
+    user = session.exec(select(User).where(User.name == name)).first()
+    if user is None:
+        raise NotFound(f"user {name!r} not found")
+    return user
+
+
+def create_user(session: Session, spec: UserCreate) -> User:
+    if session.exec(select(User).where(User.name == spec.name)).first() is not None:
+        raise Duplicate(f"name: user {spec.name!r} already exists", field="name")
+    user = User(name=spec.name, role=spec.role.value, full_name=spec.full_name)
+    session.add(user)
+    session.flush()
+    return user
+
+
+def delete_user(session: Session, name: str) -> None:
+    """Remove a user; their tokens go with them (and stop working at once)."""
+    user = get_user(session, name)
+    for token in session.exec(select(ApiToken).where(ApiToken.user_id == user.id)):
+        session.delete(token)
+    session.delete(user)
+    session.flush()
+
+
+def list_users(session: Session) -> list[UserPublic]:
+    counts = dict(
+        session.exec(
+            select(ApiToken.user_id, func.count())
+            .where(col(ApiToken.revoked_at).is_(None))
+            .group_by(col(ApiToken.user_id))
+        ).all()  # type: ignore[arg-type]
+    )
+    return [
+        UserPublic(
+            name=u.name,
+            role=u.role,
+            full_name=u.full_name,
+            created_at=u.created_at,
+            tokens=counts.get(u.id, 0),
+        )
+        for u in session.exec(select(User).order_by(col(User.name)))
+    ]
+
+
+def token_public(session: Session, token: ApiToken) -> TokenPublic:
+    owner = session.get(User, token.user_id) if token.user_id is not None else None
+    return TokenPublic(
+        **token.model_dump(exclude={"user_id", "token_hash", "node_id"}), user=owner.name if owner else None
+    )

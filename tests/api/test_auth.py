@@ -101,3 +101,35 @@ def test_viewer_cannot_write_anywhere(api: Any) -> None:
             headers={"Authorization": f"Bearer {viewer}"},
         )
         assert r.status_code == 403, (method, route, r.status_code, r.text)
+
+
+def test_users_own_tokens_that_never_exceed_their_role(api: Any) -> None:
+    assert (
+        api.post(
+            "/api/v1/users", json={"name": "alice", "role": "operator", "full_name": "Alice A."}
+        ).status_code
+        == 201
+    )
+    r = api.post("/api/v1/users", json={"name": "alice", "role": "viewer"})
+    assert r.status_code == 409 and r.json()["field"] == "name"
+    assert api.post("/api/v1/users", json={"name": "robot", "role": "node"}).status_code == 422
+    r = api.post("/api/v1/tokens", json={"name": "alice-admin", "role": "admin", "user": "alice"})
+    assert r.status_code == 422 and r.json()["field"] == "role" and "alice" in r.json()["message"]
+    assert (
+        api.post("/api/v1/tokens", json={"name": "x", "role": "viewer", "user": "nobody"}).status_code == 404
+    )
+    r = api.post("/api/v1/tokens", json={"name": "alice-laptop", "role": "operator", "user": "alice"})
+    assert r.status_code == 201 and r.json()["user"] == "alice"
+    secret = r.json()["token"]
+    as_alice = {"Authorization": f"Bearer {secret}"}
+    assert api.post("/api/v1/nodes", json={"name": "a1"}, headers=as_alice).status_code == 201
+    users = {u["name"]: u for u in api.get("/api/v1/users").json()}
+    assert users["alice"]["tokens"] == 1 and users["alice"]["role"] == "operator"
+    assert api.get("/api/v1/users", headers=as_alice).status_code == 403
+    # removing a user revokes their tokens at once
+    assert api.delete("/api/v1/users/alice").status_code == 200
+    assert api.get("/api/v1/nodes", headers=as_alice).status_code == 401
+    assert api.delete("/api/v1/users/alice").status_code == 404
+    assert [e["target"] for e in api.get("/api/v1/events", params={"action": "user.delete"}).json()] == [
+        "alice"
+    ]

@@ -76,7 +76,16 @@ def test_errors_are_one_red_line(server: Server) -> None:
 
 
 def test_tokens_and_roles_from_the_cli(server: Server) -> None:
-    viewer = ok(server.cli("token", "create", "alice", "--role", "viewer")).strip().splitlines()[-1]
+    ok(server.cli("user", "add", "alice", "--role", "viewer"))
+    failed_with(
+        server.cli("token", "create", "alice-op", "--role", "operator", "--user", "alice"), "role", "alice"
+    )
+    viewer = (
+        ok(server.cli("token", "create", "alice", "--role", "viewer", "--user", "alice"))
+        .strip()
+        .splitlines()[-1]
+    )
+    assert [u["tokens"] for u in json.loads(ok(server.cli("user", "list", "--json")))] == [1]
     assert viewer.startswith("bcm_")
     failed_with(server.cli("node", "add", "v1", BCM_TOKEN=viewer), "viewer")
     ok(server.cli("node", "list", BCM_TOKEN=viewer))
