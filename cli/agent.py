@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.client import CliError
-from cli.common import JsonOpt, client, wait_operation
+from cli.common import JsonOpt, client, follow
 from cli.render import emit_json, err, out
 
 app = typer.Typer(help="The node agent: deploy it to nodes over SSH.", no_args_is_help=True)
@@ -41,15 +41,7 @@ def deploy(
             raise CliError(f"{fake_nvml} is not JSON: {exc}") from None
     c = client()
     started = c.post("/api/v1/agents/deploy", {k: v for k, v in body.items() if v is not None})
-    if not wait:
-        emit_json(started) if as_json else out.print(f"started operation {started['operation_id']}")
-        return
-    from cli.node import show_operation
-
-    op = wait_operation(c, started["operation_id"], quiet=as_json)
-    show_operation(op, as_json)
-    if op["state"] != "succeeded":
-        raise typer.Exit(1)
+    follow(c, started["operation_id"], wait=wait, as_json=as_json)
 
 
 def node_token(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -51,3 +52,43 @@ def wait_operation(c: Client, op_id: int, *, timeout_s: float = 3600, quiet: boo
             bar.update(task, completed=op["progress_done"], total=op["progress_total"] or None)
         bar.update(task, completed=op["progress_done"])
     return op
+
+
+def show_operation(op: dict[str, Any], as_json: bool) -> None:
+    """An operation's per-node results as a table (or JSON), and its error in red."""
+    from cli.render import emit_json, out, table
+
+    if as_json:
+        emit_json(op)
+        return
+    results = op.get("results") or {}
+    table(
+        f"operation {op['id']} {op['kind']}: {op['state']}",
+        ["NODE", "RESULT", "DETAIL"],
+        [
+            (name, r.get("status"), r.get("message") or r.get("error") or "")
+            for name, r in sorted(results.items())
+        ],
+    )
+    if op.get("error"):
+        out.print(f"[red]{op['error']}[/red]")
+
+
+def follow(
+    c: Client,
+    op_id: int,
+    *,
+    wait: bool = True,
+    as_json: bool = False,
+    show: Callable[[dict[str, Any], bool], None] = show_operation,
+) -> None:
+    """Follow a started operation to its end and show it; exit 1 unless it succeeded."""
+    from cli.render import emit_json, out
+
+    if not wait:
+        emit_json({"operation_id": op_id}) if as_json else out.print(f"started operation {op_id}")
+        return
+    op = wait_operation(c, op_id, quiet=as_json)
+    show(op, as_json)
+    if op["state"] != "succeeded":
+        raise typer.Exit(1)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import JsonOpt, client, wait_operation
+from cli.common import JsonOpt, client, follow
 from cli.render import emit_json, kv, out, table
 
 app = typer.Typer(
@@ -257,30 +257,10 @@ def _verb(verb: str, help_text: str) -> None:
                     [(n["name"], n["status"], n.get("state")) for n in res["nodes"]],
                 )
             return
-        if not wait:
-            emit_json(res) if as_json else out.print(f"started operation {res['operation_id']}")
-            return
-        op = wait_operation(c, res["operation_id"], quiet=as_json)
-        show_operation(op, as_json)
-        if op["state"] != "succeeded":
-            raise typer.Exit(1)
+        follow(c, res["operation_id"], wait=wait, as_json=as_json)
 
     command.__doc__ = help_text
     app.command(verb)(command)
-
-
-def show_operation(op: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        emit_json(op)
-        return
-    results = op.get("results") or {}
-    table(
-        f"operation {op['id']} {op['kind']}: {op['state']}",
-        ["NODE", "RESULT", "DETAIL"],
-        [(name, r.get("status"), r.get("message", "")) for name, r in sorted(results.items())],
-    )
-    if op.get("error"):
-        out.print(f"[red]{op['error']}[/red]")
 
 
 for _v, _h in [

@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import JsonOpt, client, wait_operation
-from cli.node import show_operation
+from cli.common import JsonOpt, client, show_operation, wait_operation
 from cli.render import emit_json, table
 
 app = typer.Typer(

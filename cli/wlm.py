@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.client import CliError
-from cli.common import JsonOpt, client, wait_operation
+from cli.common import JsonOpt, client, follow
 from cli.render import emit_json, kv, out, table
 
 app = typer.Typer(
@@ -58,14 +58,10 @@ def deploy_slurm(
         body["storage_pass"] = sys.stdin.readline().rstrip("\n")
     c = client()
     started = c.post("/api/v1/wlm/slurm/deploy", body)
-    if no_wait:
-        emit_json(started) if as_json else out.print(f"operation {started['operation_id']} started")
-        return
-    op = wait_operation(c, started["operation_id"], quiet=as_json)
-    _finish(op, as_json)
+    follow(c, started["operation_id"], wait=not no_wait, as_json=as_json, show=_show)
 
 
-def _finish(op: dict[str, Any], as_json: bool) -> None:
+def _show(op: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(op)
     else:
@@ -89,8 +85,6 @@ def _finish(op: dict[str, Any], as_json: bool) -> None:
         ]
         for line in tail:
             out.print(line)
-    if op["state"] != "succeeded":
-        raise typer.Exit(1)
 
 
 def _pick(name: str | None) -> str:
@@ -151,4 +145,4 @@ def verify(name: Name = None, as_json: JsonOpt = False) -> None:
     """Run one GPU step on every node of the cluster (all or nothing) and record the result."""
     c = client()
     started = c.post(f"/api/v1/wlm/{_pick(name)}/verify")
-    _finish(wait_operation(c, started["operation_id"], quiet=as_json), as_json)
+    follow(c, started["operation_id"], as_json=as_json, show=_show)
