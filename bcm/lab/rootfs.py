@@ -37,6 +37,9 @@ PACKAGES: tuple[str, ...] = (
     "rsync",
     "slurmd",
     "slurm-client",
+    "slurmctld",  # any lab node may be the controller, so it carries the controller's packages too
+    "slurmdbd",
+    "slurm-wlm-mysql-plugin",
     "munge",
     "sudo",
     "libpam-runtime",
