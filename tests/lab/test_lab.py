@@ -43,7 +43,7 @@ def test_node_addresses_are_deterministic() -> None:
 
 def test_lab_refuses_addresses_outside_the_benchmark_range(tmp_path: Path) -> None:
     with pytest.raises(LabError):
-        Lab(tmp_path, "bcmbad", subnet="10.0.0.0/24")
+        Lab(tmp_path, "bcmbad", subnet="203.0.113.0/24")  # outside 198.18.0.0/15: refused
 
 
 @pytest.mark.parametrize("name", ["", "Bcm", "bcm lab", "a-very-long-lab-name-x"])
