@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -13,6 +14,8 @@ from bcm.models.auth import ApiToken, Role
 from bcm.models.base import utcnow
 from bcm.services import auth
 from bcm.settings import Settings
+
+LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 def get_engine(request: Request) -> Engine:
@@ -48,8 +51,11 @@ def bearer(request: Request) -> str | None:
 
 def current_token(request: Request, session: SessionDep) -> ApiToken:
     token = auth.verify(session, bearer(request))
-    token.last_used_at = utcnow()
-    session.add(token)
+    now = utcnow()
+    # at most one write a minute per token: a read request should not have to write
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        token.last_used_at = now
+        session.add(token)
     request.state.actor = f"{token.role}:{token.name}"
     return token
 

@@ -11,9 +11,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, insert, or_, update
+from sqlalchemy.orm import defer
 from sqlmodel import Session, col, select
 
-from bcm.domain.inheritance import effective_settings
+from bcm.domain.inheritance import INHERITED_FIELDS, effective_settings
 from bcm.domain.naming import expand_hostlist, fold_hostlist, ip_sequence, mac_sequence
 from bcm.domain.states import PUBLIC_VERBS, State, Verb, next_state
 from bcm.errors import Duplicate, IllegalTransition, InvalidInput, LockHeld, NotFound
@@ -178,7 +179,8 @@ def query(
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[Node], int]:
-    stmt = select(Node)
+    # a page shows no facts or host keys: leave those (large) columns unloaded
+    stmt = select(Node).options(defer(Node.facts), defer(Node.ssh_host_key))  # type: ignore[arg-type]
     if state:
         try:
             State(state)
@@ -214,10 +216,13 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
         if cat_ids
         else {}
     )
+    cat_settings = {cid: {f: getattr(c, f) for f in INHERITED_FIELDS} for cid, c in cats.items()}
     out = []
     for n in nodes:
         cat = cats.get(n.category_id) if n.category_id is not None else None
-        eff = effective_settings(n.model_dump(), cat.model_dump() if cat else None)
+        eff = effective_settings(
+            {f: getattr(n, f) for f in INHERITED_FIELDS}, cat_settings.get(n.category_id) if cat else None
+        )
         out.append(
             NodePublic(
                 name=n.name,
