@@ -274,10 +274,6 @@ def test_stale_sweep_marks_silent_nodes_unknown(hapi: Any, engine: Engine, setti
 
 
 def test_metrics_need_a_viewer_token_and_use_dcgm_names(hapi: Any, engine: Engine) -> None:
-    from bcm.api import metrics
-
-    if "/metrics" not in {getattr(r, "path", "") for r in hapi.app.routes}:
-        hapi.app.include_router(metrics.router)
     add_nodes(hapi, engine, "gpu[01-02]")
     tok = node_token(hapi, "gpu01")
     post(hapi, tok, with_xid(report("gpu01"), 79))
