@@ -16,16 +16,12 @@ import uuid
 from pathlib import Path
 
 import httpx
+from common import pct
 from sqlalchemy import create_engine, text
 
 from bcm.devserver import Server
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def run(label: str, server: Server, n: int, pages: int) -> dict[str, float]:

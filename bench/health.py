@@ -23,6 +23,7 @@ import uuid as uuidlib
 from pathlib import Path
 from typing import Any
 
+from common import pct
 from sqlalchemy import create_engine, insert, text
 
 from bcm.agent.collector import collect
@@ -37,11 +38,6 @@ from bcm.settings import Settings
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml" / "h100_sxm_565.json"
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 def template(gpus: int) -> dict[str, Any]:
@@ -122,11 +118,8 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
     from fastapi.testclient import TestClient
 
     from bcm.api.app import create_app
-    from bcm.api.v1 import health as health_api
 
     app = create_app(settings, engine)
-    if "/api/v1/health" not in {getattr(r, "path", "") for r in app.routes}:
-        app.include_router(health_api.router, prefix="/api/v1")
     lat_http: list[float] = []
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {settings.admin_token_file.read_text().strip()}"
