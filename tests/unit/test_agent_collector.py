@@ -24,6 +24,7 @@ from bcm.agent.fake_nvml import FakeNvml
 from bcm.agent.main import main as agent_main
 from bcm.agent.nvml import ERROR_LIBRARY_NOT_FOUND, NvmlError, RealNvml
 from bcm.domain.health import Action, Verdict, evaluate
+from tests.paths import set_path
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
 MiB = 1_048_576
@@ -133,18 +134,6 @@ def test_recorded_remap_pending_after_xid_63_warns() -> None:
     assert [r.code for r in gpu.reasons] == ["remap.pending", "xid.63"]
 
 
-def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    node: Any = data
-    keys = path.split(".")
-    for key in keys[:-1]:
-        node = node[int(key)] if isinstance(node, list) else node[key]
-    if isinstance(node, list):
-        node[int(keys[-1])] = value
-    else:
-        node[keys[-1]] = value
-    return data
-
-
 # One field of the recorded H100 fixture changed (NVML's raw form) → the finding the rules must give.
 FAULTS = [
     ("gpus.1.ecc_errors.volatile.uncorrected", 2, "ecc.uncorrected", Verdict.FAIL),
@@ -166,7 +155,7 @@ FAULTS = [
 def test_fault_in_a_recorded_fixture_reaches_its_rule(
     path: str, value: Any, code: str, severity: Verdict
 ) -> None:
-    report = collect(started(_set(fixture("h100_sxm_565.json"), path, value)), 3)
+    report = collect(started(set_path(fixture("h100_sxm_565.json"), path, value)), 3)
     node = evaluate(report)
     gpu0, gpu1, gpu2 = node.gpus
     assert gpu0.verdict == gpu2.verdict == Verdict.OK
@@ -175,7 +164,7 @@ def test_fault_in_a_recorded_fixture_reaches_its_rule(
 
 
 def test_a_lost_gpu_stops_being_queried_and_says_why() -> None:
-    report = collect(started(_set(fixture("h100_sxm_565.json"), "gpus.1.temperature", "GPU_IS_LOST")), 3)
+    report = collect(started(set_path(fixture("h100_sxm_565.json"), "gpus.1.temperature", "GPU_IS_LOST")), 3)
     gpu = report["gpus"][1]
     assert gpu["lost"] is True
     assert gpu["errors"] == ["temperature: GPU_IS_LOST"]
@@ -184,7 +173,9 @@ def test_a_lost_gpu_stops_being_queried_and_says_why() -> None:
 
 
 def test_other_nvml_errors_are_recorded_without_failing_the_gpu() -> None:
-    report = collect(started(_set(fixture("h100_sxm_565.json"), "gpus.0.power_usage_mw", "NO_PERMISSION")), 3)
+    report = collect(
+        started(set_path(fixture("h100_sxm_565.json"), "gpus.0.power_usage_mw", "NO_PERMISSION")), 3
+    )
     gpu = report["gpus"][0]
     assert gpu["errors"] == ["power_draw: NO_PERMISSION"]
     assert gpu["lost"] is False and gpu["temperature_c"] == 30
@@ -212,7 +203,7 @@ def test_nvml_that_cannot_start_raises_a_clear_error() -> None:
 
 
 def test_device_count_failure_is_reported_not_raised() -> None:
-    nv = started(_set(fixture("h100_sxm_565.json"), "gpus", "DRIVER_NOT_LOADED"))
+    nv = started(set_path(fixture("h100_sxm_565.json"), "gpus", "DRIVER_NOT_LOADED"))
     report = collect(nv, 3)
     assert report["gpu_count"] == 0 and report["gpus"] == []
     assert report["errors"] == ["device_count: DRIVER_NOT_LOADED"]
@@ -263,7 +254,7 @@ def test_xid_event_from_nvml_is_attributed_to_its_gpu() -> None:
 
 
 def test_xid_154_from_nvml_takes_the_recovery_action_from_the_field() -> None:
-    nv = started(_set(fixture("h100_sxm_565.json"), "gpus.0.recovery_action", 1))
+    nv = started(set_path(fixture("h100_sxm_565.json"), "gpus.0.recovery_action", 1))
     watcher = XidWatcher(nv, use_kmsg=False, sleep=no_sleep)
     watcher.start()
     nv.push_xid(154, 0)  # NVML's event carries only the number; the action comes from the GPU's field

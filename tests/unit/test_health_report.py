@@ -14,6 +14,7 @@ from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
 from bcm.domain.health import evaluate
 from bcm.domain.health_report import HealthReport
+from tests.paths import set_path
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
 
@@ -54,19 +55,6 @@ def test_every_recorded_fixture_validates_and_round_trips_to_the_rules(fixture: 
     assert shape(evaluate(again)) == shape(evaluate(report))
 
 
-def _mutate(report: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(report)
-    node: Any = out
-    keys = path.split(".")
-    for key in keys[:-1]:
-        node = node[int(key)] if isinstance(node, list) else node[key]
-    if isinstance(node, list):
-        node[int(keys[-1])] = value
-    else:
-        node[keys[-1]] = value
-    return out
-
-
 BAD = [
     ("schema", 2),
     ("gpus", [collected()["gpus"][0]] * (schema.MAX_GPUS + 1)),
@@ -92,7 +80,7 @@ BAD = [
 @pytest.mark.parametrize(("path", "value"), BAD, ids=[p for p, _ in BAD])
 def test_oversize_or_malformed_reports_are_refused(path: str, value: Any) -> None:
     with pytest.raises(ValidationError):
-        HealthReport.model_validate(_mutate(collected(), path, value))
+        HealthReport.model_validate(set_path(copy.deepcopy(collected()), path, value))
 
 
 def test_missing_required_field_is_refused() -> None:
