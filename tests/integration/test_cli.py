@@ -105,8 +105,8 @@ def test_verbs_set_and_rm(server: Server) -> None:
     assert res["nodes"][0]["state"] == "retired"
     ok(server.cli("node", "rm", "n[2-3]", "--yes"))
     assert [n["name"] for n in json.loads(ok(server.cli("node", "list", "--json")))] == ["n1"]
-    events = ok(server.cli("node", "list", "--state", "retired", "--json"))
-    assert json.loads(events) == []
+    retired = ok(server.cli("node", "list", "--state", "retired", "--json"))
+    assert json.loads(retired) == []  # the retired node was removed
 
 
 def test_server_process_on_postgresql(tmp_path: Path, pg_url: str) -> None:
