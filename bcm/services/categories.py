@@ -40,7 +40,7 @@ def update_category(session: Session, name: str, spec: CategoryUpdate, actor: st
 
 def delete(session: Session, name: str, actor: str) -> None:
     cat = get(session, name)
-    used = session.exec(select(func.count()).where(Node.category_id == cat.id)).one()
+    used = _node_count(session, cat)
     if used:
         raise Conflict(f"category {name!r} is used by {used} node(s); move them first")
     session.delete(cat)
@@ -55,6 +55,15 @@ def list_public(session: Session) -> list[CategoryPublic]:
     return [
         to_public(c, counts.get(c.id, 0)) for c in session.exec(select(Category).order_by(col(Category.name)))
     ]
+
+
+def get_public(session: Session, name: str) -> CategoryPublic:
+    cat = get(session, name)
+    return to_public(cat, _node_count(session, cat))
+
+
+def _node_count(session: Session, cat: Category) -> int:
+    return int(session.exec(select(func.count()).where(Node.category_id == cat.id)).one())
 
 
 def to_public(cat: Category, node_count: int = 0) -> CategoryPublic:

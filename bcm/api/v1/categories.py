@@ -25,7 +25,7 @@ def create_category(spec: CategoryCreate, session: SessionDep, token: Operator) 
 
 @router.get("/{name}", response_model=CategoryPublic)
 def get_category(name: str, session: SessionDep, _t: Viewer) -> CategoryPublic:
-    return next(c for c in svc.list_public(session) if c.name == svc.get(session, name).name)
+    return svc.get_public(session, name)
 
 
 @router.patch("/{name}", response_model=CategoryPublic)
