@@ -74,6 +74,12 @@ def show_operation(op: dict[str, Any], as_json: bool) -> None:
         out.print(f"[red]{op['error']}[/red]")
 
 
+def print_failure(op: dict[str, Any]) -> None:
+    """An operation that did not succeed, as one red line with its reason."""
+    reason = op.get("error") or "no reason recorded; see `bcm op show` for its log"
+    err.print(f"[red]error: operation {op['id']} {op['kind']} {op['state']}: {reason}[/red]", soft_wrap=True)
+
+
 def follow(
     c: Client,
     op_id: int,
@@ -82,13 +88,19 @@ def follow(
     as_json: bool = False,
     show: Callable[[dict[str, Any], bool], None] = show_operation,
 ) -> None:
-    """Follow a started operation to its end and show it; exit 1 unless it succeeded."""
+    """Follow a started operation to its end and show it; exit 1 unless it succeeded.
+
+    A failed operation without per-node results shows its reason instead of an empty table.
+    """
     from cli.render import emit_json, out
 
     if not wait:
         emit_json({"operation_id": op_id}) if as_json else out.print(f"started operation {op_id}")
         return
     op = wait_operation(c, op_id, quiet=as_json)
+    if op["state"] != "succeeded" and not op.get("results") and not as_json:
+        print_failure(op)  # where the (empty) results table would be
+        raise typer.Exit(1)
     show(op, as_json)
     if op["state"] != "succeeded":
         raise typer.Exit(1)

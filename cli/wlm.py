@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.client import CliError
-from cli.common import JsonOpt, client, follow
+from cli.common import JsonOpt, client, follow, print_failure
 from cli.render import emit_json, kv, out, table
 
 app = typer.Typer(
@@ -85,6 +85,8 @@ def _show(op: dict[str, Any], as_json: bool) -> None:
         ]
         for line in tail:
             out.print(line)
+        if op["state"] != "succeeded":
+            print_failure(op)
 
 
 def _pick(name: str | None) -> str:
