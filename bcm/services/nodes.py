@@ -10,8 +10,9 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, or_, update
+from sqlalchemy import bindparam, func, insert, or_, update
 from sqlalchemy.orm import defer
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from bcm.domain.inheritance import INHERITED_FIELDS, effective_settings
@@ -314,12 +315,7 @@ def apply_verb(
     moves = check_verb(session, names, verb)
     action = Verb(verb)
     nodes = [n for n, _ in moves]
-    now = utcnow()
-    for n, new in moves:
-        n.provision_state, n.target_state, n.updated_at = new.value, None, now
-        if action in (Verb.RESUME, Verb.REGISTER):
-            n.last_error = None
-        session.add(n)
+    _compare_and_set(session, moves, action)
     if action in (Verb.DRAIN, Verb.RESUME) and actor != "bcm:health":
         from bcm.services import health  # an admin's own drain or resume takes over from bcm's
 
@@ -327,6 +323,64 @@ def apply_verb(
     events.record(session, actor, f"node.{action.value}", fold_hostlist(names), reason or "")
     session.flush()
     return nodes
+
+
+def _compare_and_set(session: Session, moves: list[tuple[Node, State]], action: Verb) -> None:
+    """Write each move only where the node is still in the state it was checked in and unlocked.
+
+    Another request may have moved a node between the check and this write; then nothing is written
+    (the caller's transaction rolls back) and the 409 names the state the node is in now. Rows are
+    written in id order, so two verbs over overlapping node sets cannot deadlock.
+    """
+    now = utcnow()
+    clear_error = action in (Verb.RESUME, Verb.REGISTER)
+    table = Node.__table__  # type: ignore[attr-defined]
+    values: dict[str, Any] = {"provision_state": bindparam("new"), "target_state": None, "updated_at": now}
+    if clear_error:
+        values["last_error"] = None
+    stmt = (
+        table.update()
+        .where(table.c.id == bindparam("node_id"))
+        .where(table.c.provision_state == bindparam("old"))
+        .where(or_(table.c.lock_owner.is_(None), table.c.lock_expires < now))
+        .values(**values)
+    )
+    ordered = sorted(moves, key=lambda m: m[0].id or 0)
+    params = [{"node_id": n.id, "old": n.provision_state, "new": new.value} for n, new in ordered]
+    written = sum(
+        session.connection().execute(stmt, chunk).rowcount  # type: ignore[attr-defined]
+        for chunk in _chunks(params)
+    )
+    if written != len(params):
+        raise _lost_race(session, ordered, action)
+    for n, new in ordered:  # the rows are written: keep the loaded objects in step without a second UPDATE
+        set_committed_value(n, "provision_state", new.value)
+        set_committed_value(n, "target_state", None)
+        set_committed_value(n, "updated_at", now)
+        if clear_error:
+            set_committed_value(n, "last_error", None)
+
+
+def _lost_race(session: Session, checked: list[tuple[Node, State]], action: Verb) -> IllegalTransition:
+    """The 409 for a verb that lost a race: each node that changed, with the state it is in now."""
+    was = {n.id or 0: n.provision_state for n, _ in checked}
+    now_state: dict[int, tuple[str, str, str | None]] = {}
+    for chunk in _chunks(list(was)):
+        stmt = select(Node.id, Node.name, Node.provision_state, Node.lock_owner).where(
+            col(Node.id).in_(chunk)
+        )
+        now_state.update({i: (name, st, lock) for i, name, st, lock in session.execute(stmt)})
+    changed = []
+    for node_id, old in was.items():
+        name, state, lock = now_state.get(node_id, ("?", "removed", None))
+        if state != old:
+            changed.append(f"node {name} is now {state} (was {old})")
+        elif lock:
+            changed.append(f"node {name} was locked meanwhile by {lock}")
+    detail = "; ".join(changed[:10]) or "nodes changed meanwhile"
+    return IllegalTransition(
+        f"cannot {action.value}: {detail}; look again and resend the verb if still wanted"
+    )
 
 
 def join_workload_manager(session: Session, names: list[str]) -> None:
