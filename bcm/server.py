@@ -8,6 +8,7 @@ import os
 import uvicorn
 from sqlalchemy.engine import Engine
 
+from bcm import logs
 from bcm.api.app import create_app
 from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
@@ -31,9 +32,7 @@ def prepare(settings: Settings) -> tuple[Engine, str | None]:
 
 
 def serve(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    uvicorn_level = logs.configure(settings.log_level)
     engine, token_file = prepare(settings)
     if token_file:
         log.warning("created the first admin token; it is in %s (mode 0600)", token_file)
@@ -41,5 +40,5 @@ def serve(settings: Settings) -> None:
     log.info("bcm serving on http://%s:%s, database %s", settings.host, settings.port, db)
     app = create_app(settings, engine)
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False
+        app, host=settings.host, port=settings.port, log_level=uvicorn_level, access_log=False
     )

@@ -39,12 +39,18 @@ def _root(url: UrlOpt = None, token_: TokenOpt = None) -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="listen address (BCM_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="listen port (BCM_PORT)")] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(help="debug, info, warning or error (BCM_LOG_LEVEL); libraries log only at debug"),
+    ] = None,
 ) -> None:
     """Run the head-node server (API, boot files, background work)."""
     from bcm.server import serve as run
     from bcm.settings import Settings
 
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    overrides = {
+        k: v for k, v in {"host": host, "port": port, "log_level": log_level}.items() if v is not None
+    }
     run(Settings(**overrides))  # type: ignore[arg-type]
 
 

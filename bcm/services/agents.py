@@ -114,7 +114,8 @@ WantedBy=multi-user.target
 
 # systemd where it runs (PID 1 is systemd); otherwise stop any old supervisor and start a new one,
 # detached from the SSH session (setsid, no inherited descriptors).
-START = """set -e
+START = """# bcm: start the bcm agent
+set -e
 command -v python3 >/dev/null || {{ echo "python3 is not installed on this node" >&2; exit 3; }}
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
     cat > {unit_path} <<'UNIT'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -11,6 +12,7 @@ from bcm.models.base import utcnow
 from bcm.models.operation import Operation, OpState
 
 MAX_LOG_CHARS = 1_000_000
+_log = logging.getLogger("bcm.operations")  # one INFO line per start, end and failed node
 
 
 def create(session: Session, kind: str, targets: str, total: int, actor: str) -> Operation:
@@ -41,11 +43,16 @@ def query(
 def start(session: Session, op: Operation) -> None:
     op.state, op.started_at = OpState.RUNNING.value, utcnow()
     session.add(op)
+    _log.info("operation %s %s started by %s on %s", op.id, op.kind, op.created_by, op.targets[:120])
 
 
 def add_results(session: Session, op: Operation, results: dict[str, dict[str, Any]], log: str = "") -> None:
     """Record finished hosts (results replace the JSON value so every backend sees the change)."""
     op.results = {**(op.results or {}), **results}
+    for name, result in results.items():
+        if result.get("status") != "ok":
+            why = str(result.get("error") or result.get("message") or "")[:200]
+            _log.info("operation %s %s: %s %s: %s", op.id, op.kind, name, result.get("status"), why)
     op.progress_done = len(op.results)
     if log:
         op.log = (op.log + log)[-MAX_LOG_CHARS:]
@@ -67,3 +74,4 @@ def finish(session: Session, op: Operation, error: str | None = None) -> None:
         state = OpState.SUCCEEDED
     op.state, op.error, op.finished_at = state.value, error, utcnow()
     session.add(op)
+    _log.info("operation %s %s %s%s", op.id, op.kind, state.value, f": {error[:300]}" if error else "")

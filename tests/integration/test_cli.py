@@ -149,6 +149,12 @@ def test_operations_from_the_cli(tmp_path: Path) -> None:
         nodes = {n["name"]: n for n in json.loads(ok(srv.cli("node", "list", "--json")))}
         assert nodes["dead1"]["provision_state"] == "unreachable" and nodes["dead1"]["locked_by"] is None
         assert "no IP address" in nodes["noaddr1"]["last_error"]
+        # the server log: one line per start, end and failed node; no SSH library chatter at INFO
+        log = srv.log.read_text() if srv.log else ""
+        assert f"operation {op['id']} inventory started" in log, log
+        assert f"operation {op['id']} inventory: dead1 unreachable" in log, log
+        assert f"operation {op['id']} inventory failed" in log, log
+        assert "asyncssh" not in log, log
     finally:
         srv.stop()
 
