@@ -95,6 +95,7 @@ class Lab:
         """Clean any leftovers, then start n nodes that accept the given public keys as root."""
         if n < 0 or n > net.max_nodes(self.subnet):
             raise LabError(f"a lab on {self.subnet} holds 0 to {net.max_nodes(self.subnet)} nodes, not {n}")
+        net.keep_lab_space_local()
         with self._locked():
             self._teardown()
             try:
@@ -104,7 +105,12 @@ class Lab:
                 raise
 
     def down(self) -> None:
-        """Stop every node and remove every namespace, mount, process, veth and file the lab made."""
+        """Stop every node and remove every namespace, mount, process, veth and file the lab made.
+
+        The unreachable route for 198.18.0.0/15 stays (and is added if missing): lab addresses must not
+        leave the machine once the lab's own routes are gone.
+        """
+        net.keep_lab_space_local()
         with self._locked():
             self._teardown()
 

@@ -23,6 +23,7 @@ HOST_MAC = "52:54:00:18:fe:01"
 HOST_PEER_MAC = "52:54:00:18:fe:02"
 HOST_PEER = "prov"
 FIRST_HOST = 10  # node i gets host number FIRST_HOST + i; .1 is the head, .2-.10 stay free
+LAB_SPACE = "198.18.0.0/15"  # every lab subnet lies inside; never routed off this machine
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,18 @@ def netns_names() -> list[str]:
 
 def link_exists(name: str) -> bool:
     return Path(f"/sys/class/net/{name}").exists()
+
+
+def keep_lab_space_local() -> None:
+    """``ip route replace unreachable 198.18.0.0/15`` in the host namespace; idempotent, never removed.
+
+    Without it, a lab address used while no lab is up (an inventory, an agent report, a CLI pointed
+    at a lab node) is routed out through the default gateway. With it, such a connection fails at
+    once with EHOSTUNREACH; a lab's own /24 is more specific and still reaches its nodes.
+    """
+    current = procs.run(["ip", "-4", "route", "show", "exact", LAB_SPACE])
+    if not current.strip().startswith("unreachable"):
+        procs.run(["ip", "-4", "route", "replace", "unreachable", LAB_SPACE])
 
 
 def create_network(netns: str, host_if: str, subnet: ipaddress.IPv4Network) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bcm.lab import Lab
+from bcm.lab import Lab, net
 
 TOOLS = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "mmdebstrap")
 
@@ -61,6 +61,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFactory]:
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
+    net.keep_lab_space_local()  # before any lab address is used
     made: dict[str, Lab] = {}
 
     def make(n: int, authorized_keys: list[str], name: str = "bcmtest", subnet: str = "198.18.1.0/24") -> Lab:
@@ -78,10 +79,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFactory]:
 
 @pytest.fixture
 def lab_required() -> None:
-    """Skip the test unless a lab can be built here."""
+    """Skip the test unless a lab can be built here; lab addresses never leave this machine."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
+    net.keep_lab_space_local()
 
 
 LabSsh = Callable[..., "subprocess.CompletedProcess[str]"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -125,8 +127,29 @@ def test_down_leaves_nothing(lab_required: None, lab_keypair: Any, tmp_path: Pat
         lab.down()
         assert leftovers(lab, pids) == []
         assert lab.status() == []
+        # the lab's addresses now fail at once on this machine instead of leaving it
+        assert refused_here(nodes[0].ip, 22) == errno.EHOSTUNREACH
+        assert procs.run(["ip", "-4", "route", "show", "exact", net.LAB_SPACE]).startswith("unreachable")
     finally:
         lab.down()
+
+
+def refused_here(address: str, port: int) -> int | None:
+    """The errno a TCP connect to address gets (None if it connected)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)  # a bound, not a threshold: an unreachable route answers at once
+        return sock.connect_ex((address, port))
+
+
+@pytest.mark.parametrize("address", ["198.18.0.200", "198.19.255.254"])
+def test_lab_space_without_a_lab_is_unreachable(lab_required: None, address: str) -> None:
+    """With no lab on it, a 198.18.0.0/15 address gets "no route to host", never the default gateway."""
+    route = subprocess.run(["ip", "-4", "route", "get", address], capture_output=True, text=True, check=False)
+    assert route.returncode != 0 and "No route to host" in route.stderr, route.stdout + route.stderr
+    assert refused_here(address, 22) == errno.EHOSTUNREACH
+    with pytest.raises(OSError) as raised:
+        socket.create_connection((address, 8470), timeout=30)
+    assert raised.value.errno == errno.EHOSTUNREACH and "No route to host" in str(raised.value)
 
 
 @pytest.mark.lab
