@@ -3,7 +3,10 @@
 BcmError                      500  anything bcm raises on purpose
 ├── InvalidInput              422  bad field value; carries ``field``
 ├── NotFound                  404  unknown node, category, operation, token ...
+├── Unavailable               503  the database cannot answer now; carries ``retry_after``
+├── StorageFull               507  the disk is full; nothing was written
 ├── Conflict                  409  the request clashes with stored state
+│   ├── Stale                 409  another request changed the same rows first
 │   ├── Duplicate             409  name / MAC / IP already taken
 │   ├── IllegalTransition     409  verb not allowed in the node's state
 │   └── LockHeld              409  another operation holds the node's lock
@@ -90,3 +93,23 @@ class RetryableDriverError(DriverError):
 
 class FatalDriverError(DriverError):
     """A failure that retrying will not cure (bad credentials, changed host key)."""
+
+
+class Unavailable(BcmError):
+    """The database (or a part bcm needs) cannot answer now; a retry after ``retry_after`` s may."""
+
+    status_code = 503
+
+    def __init__(self, message: str, *, retry_after: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StorageFull(BcmError):
+    """The server's disk is full: the change was not written."""
+
+    status_code = 507
+
+
+class Stale(Conflict):
+    """Another request changed the same rows first (serialization failure, stale row)."""

@@ -13,13 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import SQLAlchemyError
 
-from bcm import __version__
+from bcm import __version__, db_errors
 from bcm.api import metrics
 from bcm.api.boot import agent as boot_agent
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens, wlm
-from bcm.errors import BcmError
+from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
 
 log = logging.getLogger("bcm.api")
@@ -54,12 +54,18 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _integrity_error(_request: Request, exc: Exception) -> JSONResponse:
-    # a race between the uniqueness check and the insert: still a clean 409, nothing stored
-    log.info("integrity error: %s", type(exc).__name__)
-    return JSONResponse(
-        status_code=409, content={"error": "Duplicate", "message": "a unique value is already in use"}
-    )
+async def _database_error(_request: Request, exc: Exception) -> JSONResponse:
+    """Every database failure (and a full disk) answered in one place: 503 + Retry-After, 409, 507."""
+    err = db_errors.translate(exc) or BcmError("internal error")
+    # never the exception text: it carries the statement's parameters (tokens, passwords)
+    cause = type(getattr(exc, "orig", None) or exc).__name__
+    if err.status_code == 500:
+        statement = str(getattr(exc, "statement", ""))[:200]
+        log.error("unexpected database error %s (%s): %s", type(exc).__name__, cause, statement)
+    else:
+        log.info("database error %s (%s) answered %s", type(exc).__name__, cause, err.status_code)
+    headers = {"Retry-After": str(err.retry_after)} if isinstance(err, Unavailable) else None
+    return JSONResponse(status_code=err.status_code, content=err.to_dict(), headers=headers)
 
 
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
@@ -93,7 +99,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.engine = engine
     app.add_exception_handler(BcmError, _bcm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(SQLAlchemyError, _database_error)
+    app.add_exception_handler(OSError, _database_error)  # ENOSPC: 507; anything else a JSON 500
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
