@@ -14,16 +14,26 @@ from cli.render import emit_json, err, out, table
 app = typer.Typer(
     help="A lab of SSH nodes in network namespaces, to try bcm without hardware (root).", no_args_is_help=True
 )
-StateDir = Annotated[Path, typer.Option(help="where the lab keeps its state")]
+StateDir = Annotated[
+    Path | None,
+    typer.Option(help="where the lab keeps its state [default: <BCM_STATE_DIR>/lab/<name>]", show_default=False),
+]
 Name = Annotated[str, typer.Option(help="lab name (bridge namespace; node namespaces get it as prefix)")]
 Subnet = Annotated[str, typer.Option(help="lab subnet, inside 198.18.0.0/15")]
 
 
-def _lab(state_dir: Path, name: str = "bcmlab", subnet: str = "198.18.0.0/24"):  # type: ignore[no-untyped-def]
+def lab_state_root() -> Path:
+    """Where labs keep their state by default: beside the server's, so a fresh BCM_STATE_DIR is a fresh lab."""
+    from bcm.settings import Settings
+
+    return Settings().state_dir / "lab"
+
+
+def _lab(state_dir: Path | None, name: str = "bcmlab", subnet: str = "198.18.0.0/24"):  # type: ignore[no-untyped-def]
     from bcm.lab import Lab, LabError
 
     try:
-        return Lab(state_dir, name, subnet=subnet)
+        return Lab(state_dir or lab_state_root() / name, name, subnet=subnet)
     except LabError as exc:
         raise CliError(exc.message) from None
 
@@ -31,22 +41,36 @@ def _lab(state_dir: Path, name: str = "bcmlab", subnet: str = "198.18.0.0/24"): 
 @app.command("up")
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="how many SSH nodes")] = 4,
+    gpus: Annotated[
+        int, typer.Option(help="simulated H100s per node (nvidia-smi, Slurm devices, NVML for the agent)")
+    ] = 2,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
-    state_dir: StateDir = Path("/var/lib/bcm-lab"),
+    state_dir: StateDir = None,
     name: Name = "bcmlab",
     subnet: Subnet = "198.18.0.0/24",
     as_json: JsonOpt = False,
 ) -> None:
-    """Bring up N SSH nodes (node01…) and register them (name, MAC, IP, host key) with the server."""
-    from bcm.lab import LabError
+    """Bring up N SSH nodes (node01…) with simulated GPUs, ready for a Slurm deploy, and register them.
+
+    Slurm: every node reaches this machine's MariaDB through its socket (started if it is down), and
+    the lab has its own accounting database and user (password 0600 in the lab's state dir), which
+    `bcm wlm deploy slurm` uses for clusters made of lab nodes.
+    """
+    from bcm.lab import LabError, accounting
 
     c = client() if register else None
     keys = [c.get("/api/v1/ssh/public-key")["public_key"]] if c else []
+    lab = _lab(state_dir, name, subnet)
     try:
-        lab_nodes = _lab(state_dir, name, subnet).up(nodes, keys)
+        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True)
     except LabError as exc:
         raise CliError(exc.message) from None
+    if not accounting.mariadb_installed():
+        err.print(
+            "[yellow]note: MariaDB is not installed, so Slurm in this lab has no accounting database "
+            "(apt-get install mariadb-server, then bcm lab up again)[/yellow]"
+        )
     if c:
         names = [n.name for n in lab_nodes]
         existing = (
@@ -72,16 +96,85 @@ def up(
 
 
 @app.command("down")
-def down(state_dir: StateDir = Path("/var/lib/bcm-lab"), name: Name = "bcmlab") -> None:
-    """Remove every namespace, mount, process and bridge the lab made (nodes stay registered)."""
+def down(state_dir: StateDir = None, name: Name = "bcmlab") -> None:
+    """Remove every namespace, mount, process and bridge the lab made, and its accounting database.
+
+    Nodes stay registered; lab addresses stay unreachable from this machine (no route leaves it).
+    """
     _lab(state_dir, name).down()
     out.print("lab is down")
 
 
-@app.command("status")
-def status(
-    state_dir: StateDir = Path("/var/lib/bcm-lab"), name: Name = "bcmlab", as_json: JsonOpt = False
+@app.command("inject")
+def inject(
+    node: Annotated[str, typer.Argument(help="lab node, e.g. node03")],
+    fault: Annotated[str, typer.Argument(help="xid (then its number, e.g. 79) or recover")],
+    number: Annotated[int | None, typer.Argument(help="the Xid, e.g. 79 (GPU fallen off the bus)")] = None,
+    gpu: Annotated[int, typer.Option(help="which simulated GPU")] = 0,
+    wait: Annotated[
+        bool, typer.Option(help="wait until bcm has acted on it (drained, or healthy and resumed)")
+    ] = True,
+    timeout: Annotated[float, typer.Option(help="give up waiting after this many seconds")] = 300,
+    state_dir: StateDir = None,
+    name: Name = "bcmlab",
 ) -> None:
+    """Make a node's simulated GPU fail (`xid 79`) or heal (`recover`), and watch what bcm does.
+
+    The node's agent (`bcm agent deploy`) reports the fault at once; a FAIL verdict drains the node
+    (in Slurm too, when it is in a cluster). After `recover`, bcm resumes its own drain once the node
+    has reported healthy for a few intervals.
+    """
+    from bcm.lab import LabError, fakegpu
+
+    if fault not in ("xid", "recover") or (fault == "xid") != (number is not None):
+        raise CliError("say `xid NUMBER` (e.g. xid 79) or `recover`")
+    try:
+        lab_node = _lab(state_dir, name).node(node)
+        if number is not None:
+            fakegpu.inject_xid(lab_node, number, gpu)
+        else:
+            fakegpu.recover(lab_node)
+    except LabError as exc:
+        raise CliError(exc.message) from None
+    what = f"Xid {number} on GPU {gpu}" if number is not None else "healthy GPUs"
+    err.print(f"{node}: simulated {what}")
+    if wait:
+        _watch(node, failing=number is not None, timeout_s=timeout)
+
+
+def _watch(node: str, *, failing: bool, timeout_s: float) -> None:
+    """Poll the server until it shows the node drained (failing) or healthy and in service again."""
+    import time
+    from datetime import UTC, datetime
+
+    c = client()
+    since = datetime.now(UTC)
+    deadline = time.monotonic() + timeout_s
+    while True:  # bounded by timeout_s
+        item = c.get("/api/v1/health/nodes", nodes=node)["items"][0]
+        reported = item["last_report_at"] is not None and datetime.fromisoformat(
+            item["last_report_at"].replace("Z", "+00:00")
+        ).replace(tzinfo=UTC) >= since.replace(microsecond=0)
+        if failing:
+            done = reported and (
+                item["verdict"] != "FAIL" or item["provision_state"] in ("drained", "draining")
+            )
+        else:
+            done = reported and item["verdict"] == "OK" and not item["drained_by_bcm"]
+        if done:
+            reason = f" ({item['drain_reason']})" if item.get("drain_reason") else ""
+            out.print(f"{node}: {item['verdict']}, {item['provision_state']}{reason}")
+            return
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"{node} is still {item['verdict']}, {item['provision_state']} after {timeout_s:.0f}s; "
+                "is its agent running (bcm agent deploy) and reporting?"
+            )
+        time.sleep(1)
+
+
+@app.command("status")
+def status(state_dir: StateDir = None, name: Name = "bcmlab", as_json: JsonOpt = False) -> None:
     """Lab nodes and whether their sshd runs."""
     _show(_lab(state_dir, name).status(), as_json)
 

@@ -9,7 +9,7 @@ import typer
 
 from cli.client import CliError
 from cli.common import JsonOpt, client, follow, print_failure
-from cli.render import emit_json, kv, out, table
+from cli.render import emit_json, err, kv, out, table
 
 app = typer.Typer(
     help="Workload managers: deploy Slurm, show status, run the verification job.", no_args_is_help=True
@@ -56,9 +56,38 @@ def deploy_slurm(
     }
     if storage_pass_stdin:
         body["storage_pass"] = sys.stdin.readline().rstrip("\n")
+    _lab_defaults(body)
     c = client()
     started = c.post("/api/v1/wlm/slurm/deploy", body)
     follow(c, started["operation_id"], wait=not no_wait, as_json=as_json, show=_show)
+
+
+def _lab_defaults(body: dict[str, Any]) -> None:
+    """A cluster made only of one lab's nodes gets that lab's Slurm settings and accounting database.
+
+    `bcm lab up` records them (settings in ``slurm.json``, the database password 0600 beside it);
+    explicit ``--set`` values and ``--storage-pass-stdin`` win.
+    """
+    from bcm.domain.naming import expand_hostlist
+    from bcm.lab import accounting
+    from cli.lab import lab_state_root
+
+    wanted = {body["controller"], *expand_hostlist(body["nodes"])}
+    root = lab_state_root()
+    for found in sorted(root.glob(f"*/{accounting.SETTINGS_FILE}")) if root.is_dir() else []:
+        nodes, settings, password = accounting.slurm_defaults(found.parent)
+        if not wanted <= set(nodes):
+            continue
+        if "storage_user" not in settings and "storage_pass" not in body:
+            raise CliError(
+                f"lab {found.parent.name} has no accounting database: MariaDB is not installed on this "
+                "machine (apt-get install mariadb-server), then run `bcm lab up` again"
+            )
+        body["settings"] = {**settings, **body["settings"]}
+        if password is not None and "storage_pass" not in body:
+            body["storage_pass"] = password
+        err.print(f"lab {found.parent.name}: lab Slurm settings and accounting database {settings.get('storage_loc')}")
+        return
 
 
 def _show(op: dict[str, Any], as_json: bool) -> None:

@@ -1,6 +1,6 @@
 """The one fake NVML: an :class:`~bcm.agent.nvml.NvmlBackend` that answers from a recorded JSON fixture.
 
-Fixture layout (see ``tests/data/nvml/README.md`` for where the recorded values come from)::
+Fixture layout (see ``bcm/lab/recorded_nvml/README.md`` for where the recorded values come from)::
 
     {"driver_version": "565.57.01", "cuda_driver_version": 12070,
      "init_error": "LIBRARY_NOT_FOUND",            # optional: init() raises this
@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ from bcm.agent.nvml import (
     ThresholdKind,
     XidRaw,
 )
+
+# Where a lab node keeps its simulated GPUs' values (written by `bcm lab up --gpus N`); real nodes have none.
+SIMULATED_NVML_PATH = "/var/lib/bcm-fakegpu/nvml.json"
 
 
 def _check(value: Any) -> Any:
@@ -192,3 +197,68 @@ class FakeNvml:
             raise NvmlError(ERROR_UNINITIALIZED, "register_xid_events was not called")
         _check(self.fixture.get("event_wait"))
         return self._xids.popleft() if self._xids else None
+
+
+class SimulatedNvml(FakeNvml):
+    """A lab node's simulated GPUs: a :class:`FakeNvml` over a file that ``bcm lab inject`` rewrites.
+
+    The file (a fixture, plus ``seq`` numbers on its ``xid_events``) is read again whenever it changes;
+    each Xid is delivered once, however often the file is rewritten. Unlike ``FakeNvml``, ``wait_xid``
+    waits out its timeout (checking the file a few times a second), as the real NVML blocks, so an agent
+    on it does not spin.
+    """
+
+    POLL_S = 0.25
+
+    def __init__(
+        self,
+        path: str | Path = SIMULATED_NVML_PATH,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._seen_seq = 0
+        self._sleep = sleep
+        self._mono = monotonic
+        super().__init__({})
+        self._reload()
+
+    def _reload(self) -> None:
+        try:
+            st = self.path.stat()
+            if (st.st_ino, st.st_mtime_ns) == self._stamp:
+                return
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return  # keep the last values; the writer replaces the file whole
+        self._stamp = (st.st_ino, st.st_mtime_ns)
+        self.fixture = data
+        for event in data.get("xid_events", []):
+            seq = int(event.get("seq", 0))
+            if seq > self._seen_seq:
+                self._xids.append(XidRaw(gpu_index=event.get("gpu_index"), xid=int(event["xid"])))
+                self._seen_seq = seq
+
+    def init(self) -> None:
+        self._reload()
+        if not self.fixture:
+            raise NvmlError(ERROR_CODES["LIBRARY_NOT_FOUND"], f"no simulated GPUs in {self.path}")
+        super().init()
+
+    def device_count(self) -> int:
+        self._reload()
+        return super().device_count()
+
+    def wait_xid(self, timeout_ms: int) -> XidRaw | None:
+        deadline = self._mono() + timeout_ms / 1000
+        while True:  # bounded by timeout_ms
+            self._reload()
+            event = super().wait_xid(0)
+            if event is not None:
+                return event
+            left = deadline - self._mono()
+            if left <= 0:
+                return None
+            self._sleep(min(self.POLL_S, left))

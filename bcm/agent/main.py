@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
 import bcm
@@ -34,11 +35,14 @@ POLL_S = 1.0
 
 
 def open_backend(fake: str | None) -> NvmlBackend:
-    """The fake from a fixture file, or the machine's real NVML."""
-    if fake:
-        from bcm.agent.fake_nvml import FakeNvml
+    """The fake from a fixture file, a lab node's simulated GPUs, or the machine's real NVML."""
+    from bcm.agent.fake_nvml import SIMULATED_NVML_PATH, FakeNvml, SimulatedNvml
 
+    if fake:
         return FakeNvml.from_file(fake)
+    if Path(SIMULATED_NVML_PATH).exists():  # only `bcm lab up --gpus N` writes it
+        log.warning("simulated GPUs: replaying recorded NVML values from %s", SIMULATED_NVML_PATH)
+        return SimulatedNvml(SIMULATED_NVML_PATH)
     return RealNvml()
 
 

@@ -8,6 +8,7 @@ them or chrooted under the state dir, mounts under the state dir and the head's 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import json
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bcm.lab import net, procs, rootfs
+from bcm.lab import accounting, fakegpu, net, procs, rootfs
 from bcm.lab.errors import LabError
 from bcm.lab.node import (
     LabNode,
@@ -91,15 +92,27 @@ class Lab:
         """The head node's provisioning address (on ``host_if`` in the host namespace)."""
         return str(net.head_address(self.subnet))
 
-    def up(self, n: int, authorized_keys: list[str]) -> list[LabNode]:
-        """Clean any leftovers, then start n nodes that accept the given public keys as root."""
+    def up(self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False) -> list[LabNode]:
+        """Clean any leftovers, then start n nodes that accept the given public keys as root.
+
+        ``gpus``: each node gets that many simulated H100s (nvidia-smi, character devices for Slurm,
+        recorded NVML values for the agent). ``slurm``: prepare what `bcm wlm deploy slurm` needs on
+        these nodes (the host's MariaDB shared with every node, an accounting database, lab settings).
+        """
         if n < 0 or n > net.max_nodes(self.subnet):
             raise LabError(f"a lab on {self.subnet} holds 0 to {net.max_nodes(self.subnet)} nodes, not {n}")
+        if gpus and not 1 <= gpus <= fakegpu.MAX_GPUS:
+            raise LabError(f"a lab node has 0 to {fakegpu.MAX_GPUS} simulated GPUs, not {gpus}")
         net.keep_lab_space_local()
         with self._locked():
             self._teardown()
             try:
-                return self._bring_up(n, authorized_keys)
+                nodes = self._bring_up(n, authorized_keys)
+                for node in nodes if gpus else []:
+                    fakegpu.install(node, gpus)
+                if slurm:
+                    self._prepare_slurm(nodes)
+                return nodes
             except BaseException:
                 self._teardown()
                 raise
@@ -113,6 +126,7 @@ class Lab:
         net.keep_lab_space_local()
         with self._locked():
             self._teardown()
+            self._drop_accounting()
 
     def status(self) -> list[LabNode]:
         """The recorded nodes with ``alive``/``frozen`` read from /proc now; [] when the lab is down."""
@@ -146,6 +160,8 @@ class Lab:
                 return node
             self._start_nodes([node])
             self._save_node(node)
+            if (self.state_dir / accounting.SETTINGS_FILE).exists() and accounting.MYSQL_SOCKET.exists():
+                accounting.share_mysql_socket(node.refresh())
             return node.refresh()
 
     def freeze(self, name: str) -> LabNode:
@@ -228,6 +244,26 @@ class Lab:
         self._save(nodes, lower)
         self.flush_neighbours()
         return [node.refresh() for node in nodes]
+
+    def _prepare_slurm(self, nodes: list[LabNode]) -> None:
+        """Socket, database and settings for a Slurm deploy onto these nodes (see bcm.lab.accounting)."""
+        settings: dict[str, object] = dict(accounting.LAB_SLURM_SETTINGS)
+        if accounting.mariadb_installed():
+            db = accounting.AccountingDb.for_lab(self.name, self.state_dir)
+            for node in nodes:
+                accounting.share_mysql_socket(node)
+            settings |= {"storage_user": db.user, "storage_loc": db.name}
+        else:  # `bcm wlm deploy slurm` says why when it needs the database
+            (self.state_dir / accounting.PASS_FILE).unlink(missing_ok=True)
+        accounting.write_slurm_defaults(self.state_dir, [node.name for node in nodes], settings)
+
+    def _drop_accounting(self) -> None:
+        db = accounting.AccountingDb.of_lab(self.state_dir)
+        if db is not None and accounting.MYSQL_SOCKET.exists():
+            with contextlib.suppress(LabError):  # MariaDB down: nothing more to clean from here
+                db.drop()
+        for name in (accounting.SETTINGS_FILE, accounting.PASS_FILE):
+            (self.state_dir / name).unlink(missing_ok=True)
 
     def _new_node(self, index: int, hostname: str) -> LabNode:
         return LabNode(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +14,10 @@ from sqlmodel import Session
 from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
 from bcm.domain.health_report import MAX_REPORT_BYTES
+from bcm.lab.fakegpu import RECORDED_NVML
 from bcm.models.health import HealthEvent, HealthSample
 
-NVML = Path(__file__).resolve().parents[1] / "data" / "nvml"
+NVML = RECORDED_NVML
 REPORT_URL = "/boot/v1/agent/report"
 
 
@@ -201,9 +201,13 @@ def test_malformed_or_oversize_reports_are_422_and_store_nothing(
 ) -> None:
     add_nodes(hapi, engine, "gpu01")
     tok = node_token(hapi, "gpu01")
-    r = post(hapi, tok, mutate(report("gpu01")))
-    assert r.status_code == 422, r.text
-    assert r.json()["error"] == "InvalidInput"
+    body = mutate(report("gpu01"))
+    r = post(hapi, tok, body)
+    if isinstance(body, bytes) and len(body) > MAX_REPORT_BYTES:  # refused before parsing: 413
+        assert r.status_code == 413 and r.json()["error"] == "PayloadTooLarge", r.text
+    else:
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == "InvalidInput"
     assert count(engine, HealthSample) == 0 and count(engine, HealthEvent) == 0
     assert hapi.get("/api/v1/health").json()["nodes_never_reported"] == 1
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from bcm.devserver import Server
+from bcm.lab.fakegpu import RECORDED_NVML
 
 
 def ok(result) -> str:  # type: ignore[no-untyped-def]
@@ -166,7 +167,7 @@ def test_health_from_the_cli(server: Server) -> None:
     from bcm.agent.collector import collect
     from bcm.agent.fake_nvml import FakeNvml
 
-    nv = FakeNvml.from_file(Path(__file__).parents[1] / "data" / "nvml" / "h100_sxm_565.json")
+    nv = FakeNvml.from_file(RECORDED_NVML / "h100_sxm_565.json")
     nv.init()
     rep = copy.deepcopy(dict(collect(nv, None, hostname="gpu01")))
     nv.shutdown()

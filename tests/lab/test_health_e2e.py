@@ -17,11 +17,12 @@ import httpx
 import pytest
 
 from bcm.lab import fakegpu
+from bcm.lab.fakegpu import RECORDED_NVML
 from bcm.lab.slurm import SlurmLab
 
 pytestmark = pytest.mark.lab
 
-NVML = Path(__file__).resolve().parents[1] / "data" / "nvml" / "h100_sxm_565.json"
+NVML = RECORDED_NVML / "h100_sxm_565.json"
 INTERVAL_S = 2.0
 GPUS = 2
 
@@ -83,10 +84,9 @@ def start_agent(run: SlurmLab, node: str) -> None:
 
 
 def test_agents_report_fail_drains_in_slurm_recovery_resumes_admin_drain_stays(
-    lab: Any, tmp_path: Path
+    lab_required: None, tmp_path: Path
 ) -> None:
     with SlurmLab.running(
-        lab,
         tmp_path,
         nodes=3,
         gpus_per_node=GPUS,

@@ -15,8 +15,7 @@ import httpx
 import pytest
 
 from bcm.db import make_engine
-from bcm.lab import fakegpu
-from bcm.lab import slurm as labslurm
+from bcm.lab import accounting, fakegpu
 from bcm.lab.slurm import SlurmLab
 from bcm.settings import Settings
 from bcm.workers import wlm as wlm_jobs
@@ -46,8 +45,8 @@ def sh(built: Any, node: str, *argv: str) -> str:
 
 
 @pytest.fixture
-def slurm_lab(lab: Any, tmp_path: Path) -> Iterator[SlurmLab]:
-    with SlurmLab.running(lab, tmp_path, nodes=4, name="bcmslurm", subnet="198.18.3.0/24") as run:
+def slurm_lab(lab_required: None, tmp_path: Path) -> Iterator[SlurmLab]:
+    with SlurmLab.running(tmp_path, nodes=4, name="bcmslurm", subnet="198.18.3.0/24") as run:
         yield run
 
 
@@ -153,6 +152,13 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     broken = run.deploy()
     assert broken["state"] == "failed" and "unreachable" in (broken["error"] or ""), explain(broken)
     assert all(r["status"] != "ok" for r in broken["results"].values()), broken["results"]
+    # the CLI shows that reason where the (empty) results table would be, and exits non-zero
+    shown = run.cli_raw("wlm", "deploy", "slurm", "--name", "lab", "--controller", run.controller,
+                        "--nodes", run.hostlist)  # fmt: skip
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "error: operation" in shown.stderr and f"controller {run.controller} unreachable" in shown.stderr, (
+        shown.stderr
+    )
     after = http.get("/api/v1/wlm/lab").json()
     assert after["state"] == "failed" and "unreachable" in after["last_error"]
 
@@ -178,10 +184,14 @@ def test_secrets_stay_out_of_the_database_and_logs(slurm_lab: SlurmLab) -> None:
     assert mode == ["400", "munge"]
 
 
-def test_accounting_db_is_created_and_dropped(lab_required: None) -> None:
-    db = labslurm.AccountingDb.create("bcm_probe")
+def test_accounting_db_is_created_and_dropped(lab_required: None, tmp_path: Path) -> None:
+    db = accounting.AccountingDb.for_lab("bcmprobe", tmp_path)
     try:
-        assert db.name in labslurm.databases()
+        assert db.name in accounting.databases()
+        pass_file = tmp_path / accounting.PASS_FILE
+        assert pass_file.read_text().strip() == db.password and pass_file.stat().st_mode & 0o077 == 0
+        again = accounting.AccountingDb.for_lab("bcmprobe", tmp_path)  # idempotent, new password
+        assert again.name == db.name and again.password != db.password
     finally:
         db.drop()
-    assert db.name not in labslurm.databases()
+    assert db.name not in accounting.databases()

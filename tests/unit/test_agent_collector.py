@@ -1,4 +1,4 @@
-"""The agent's collector against the one fake NVML fed by recorded values (tests/data/nvml/README.md)."""
+"""The agent's collector against the one fake NVML fed by recorded values (bcm/lab/recorded_nvml/README.md)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ from bcm.agent.fake_nvml import FakeNvml
 from bcm.agent.main import main as agent_main
 from bcm.agent.nvml import ERROR_LIBRARY_NOT_FOUND, NvmlError, RealNvml
 from bcm.domain.health import Action, Verdict, evaluate
+from bcm.lab.fakegpu import RECORDED_NVML
 from tests.paths import set_path
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
+DATA = RECORDED_NVML
 MiB = 1_048_576
 
 

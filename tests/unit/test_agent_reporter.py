@@ -18,8 +18,9 @@ from bcm.agent.fake_nvml import FakeNvml
 from bcm.agent.main import Agent
 from bcm.agent.reporter import REPORT_PATH, AgentConfig, ConfigError, Reporter
 from bcm.domain.health import Verdict, evaluate
+from bcm.lab.fakegpu import RECORDED_NVML
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
+DATA = RECORDED_NVML
 TOKEN = "node-token-123"
 
 

@@ -25,7 +25,7 @@ OK, UNKNOWN, WARN, FAIL = Verdict.OK, Verdict.UNKNOWN, Verdict.WARN, Verdict.FAI
 
 
 def healthy_gpu(index: int = 0) -> dict[str, Any]:
-    """An H100 SXM sample as the agent reports it (values of tests/data/nvml/h100_sxm_565.json)."""
+    """An H100 SXM sample as the agent reports it (values of bcm/lab/recorded_nvml/h100_sxm_565.json)."""
     return {
         "index": index,
         "uuid": f"GPU-b42dd28e-ffdd-8720-1df0-98bd8cdc05b{index}",
