@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,19 +12,36 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
+
+from bcm.settings import DbSettings
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, foreign keys and a busy timeout on every connection."""
+def make_engine(url: str, db: DbSettings | None = None, **kwargs: Any) -> Engine:
+    """An engine for ``url`` whose pool never starves the worker threads and whose waits are bounded.
+
+    SQLite gets WAL, foreign keys and a busy timeout on every connection, and a pool that grows as
+    needed (a connection is a file handle). PostgreSQL gets a pool of one connection per worker thread
+    plus as many again for the short commits that run outside them, a connect timeout, and statement,
+    lock and idle-in-transaction timeouts on every session.
+    """
+    db = db or DbSettings()
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": db.busy_timeout_s},
+            pool_size=db.threads,
+            max_overflow=-1,
+            pool_timeout=db.pool_timeout_s,
+            **kwargs,
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -32,8 +51,61 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
+        _queue_sqlite_writers(engine, db.busy_timeout_s)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **kwargs)
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=db.threads,
+        max_overflow=db.threads,
+        pool_timeout=db.pool_timeout_s,
+        connect_args={"connect_timeout": db.connect_timeout_s},
+        **kwargs,
+    )
+    timeouts = {
+        "statement_timeout": db.statement_timeout_s,
+        "lock_timeout": db.lock_timeout_s,
+        "idle_in_transaction_session_timeout": db.statement_timeout_s * 2,
+    }
+
+    @event.listens_for(engine, "connect")
+    def _pg_timeouts(dbapi_conn: Any, _record: Any) -> None:
+        # SET here, not in the URL's options, which may already carry search_path
+        cur = dbapi_conn.cursor()
+        for name, seconds in timeouts.items():
+            cur.execute(f"SET {name} = {int(seconds * 1000)}")
+        cur.close()
+        dbapi_conn.commit()  # a rolled-back SET would not stick
+
+    return engine
+
+
+_WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER", "BEGIN"})
+
+
+def _queue_sqlite_writers(engine: Engine, timeout_s: float) -> None:
+    """Writers take turns in this process, in arrival order, from their first write until commit.
+
+    SQLite has one writer at a time anyway; its own busy handler polls with growing sleeps, so under
+    load a waiting writer can lose every race for the whole busy timeout. A lock held from the
+    first write of a transaction until the connection returns to the pool serves writers in turn.
+    """
+    writer = threading.Lock()
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _take_turn(conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if conn.info.get("writer") or statement.lstrip()[:7].split(" ")[0].upper() not in _WRITES:
+            return
+        if not writer.acquire(timeout=timeout_s):
+            raise sa_exc.OperationalError(statement, params, sqlite3.OperationalError("database is locked"))
+        conn.info["writer"] = True
+
+    def _end_turn(_dbapi_conn: Any, record: Any, *_: Any) -> None:
+        if record.info.pop("writer", None):
+            writer.release()
+
+    event.listen(engine, "checkin", _end_turn)
+    event.listen(engine, "invalidate", _end_turn)
 
 
 def alembic_config(url: str) -> Config:

@@ -22,7 +22,7 @@ def prepare(settings: Settings) -> tuple[Engine, str | None]:
     """State dir (0700), schema at head, first admin token. Returns the engine and a new token file."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.state_dir, 0o700)
-    engine = make_engine(settings.effective_database_url)
+    engine = make_engine(settings.effective_database_url, settings.db)
     upgrade(engine)
     ssh.ensure_keypair(settings.ssh_key_file)  # nodes trust this key (images, `bcm node trust`)
     with session_scope(engine) as session:

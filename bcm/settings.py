@@ -40,6 +40,17 @@ class HealthSettings(BaseModel):
     history_per_gpu: int = Field(default=1000, ge=1)
 
 
+class DbSettings(BaseModel):
+    """Connection pool and timeouts: a request waits a bounded time, then gets a 503 with Retry-After."""
+
+    threads: int = Field(default=40, ge=2, le=1000)  # worker threads for blocking work; the pool matches
+    pool_timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: int = Field(default=5, ge=1, le=600)
+    statement_timeout_s: float = Field(default=30.0, gt=0)  # PostgreSQL
+    lock_timeout_s: float = Field(default=10.0, gt=0)  # PostgreSQL: waiting for a row lock
+    busy_timeout_s: float = Field(default=10.0, gt=0)  # SQLite: waiting for another writer
+
+
 class PxeSettings(BaseModel):
     """The HTTP side of PXE boot and the dnsmasq it supervises."""
 
@@ -60,6 +71,7 @@ class Settings(BaseSettings):
     ssh: SshSettings = SshSettings()
     health: HealthSettings = HealthSettings()
     pxe: PxeSettings = PxeSettings()
+    db: DbSettings = DbSettings()
 
     @property
     def effective_database_url(self) -> str:

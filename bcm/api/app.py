@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -77,6 +78,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         from bcm.workers.runner import Runner
 
         app.state.runner = Runner(engine, settings)
+        await app.state.runner.start()
         app.state.health = HealthWorker(engine, settings)
         app.state.health.start()
         wlm_sync = asyncio.create_task(wlm_worker.loop(engine, settings), name="bcm-wlm-sync")
@@ -104,7 +106,22 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
+        """Liveness: the process answers (the database is not asked)."""
         return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz", tags=["meta"])
+    def readyz() -> JSONResponse:
+        """Readiness: the database answers; 503 with Retry-After while it does not."""
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            err = db_errors.translate(exc)
+            ready_err = err if isinstance(err, Unavailable) else db_errors.unavailable("database not ready")
+            log.warning("not ready: %s (%s)", ready_err.message, type(exc).__name__)
+            headers = {"Retry-After": str(ready_err.retry_after)}
+            return JSONResponse(status_code=503, content=ready_err.to_dict(), headers=headers)
+        return JSONResponse({"status": "ready", "version": __version__})
 
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
         app.include_router(module.router, prefix="/api/v1")

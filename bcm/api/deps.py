@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -28,15 +29,32 @@ def get_settings_dep(request: Request) -> Settings:
     return settings
 
 
-def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> Iterator[Session]:
-    """The request is the transaction: commit when the handler returns, roll back on any error."""
-    with Session(engine, expire_on_commit=False) as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+async def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> AsyncIterator[Session]:
+    """The request is the transaction: commit when the handler returns, roll back on any error.
+
+    On SQLite the commit runs right here: it is short (WAL), and a hop to a worker thread would keep
+    the database's single write turn held while the hop queues behind other requests. Elsewhere it
+    runs in a thread of its own, outside the worker-thread limit, so it never waits for a worker that
+    waits for a connection.
+    """
+    session = Session(engine, expire_on_commit=False)
+    inline = engine.dialect.name == "sqlite"
+
+    async def run(fn: Callable[[], None]) -> None:
+        if inline:
+            fn()
+            return
+        with anyio.CancelScope(shield=True):  # a cancelled request still gives its connection back
+            await anyio.to_thread.run_sync(fn, limiter=anyio.CapacityLimiter(1))
+
+    try:
+        yield session
+        await run(session.commit)
+    except BaseException:
+        await run(session.rollback)
+        raise
+    finally:
+        await run(session.close)
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
@@ -57,6 +75,9 @@ def current_token(request: Request, session: SessionDep) -> ApiToken:
         token.last_used_at = now
         session.add(token)
     request.state.actor = f"{token.role}:{token.name}"
+    # give the connection back now: the handler may await for long (verbs, SSH) without one, and a
+    # handler that needs the database takes one again for its own (short) transaction
+    session.commit()
     return token
 
 

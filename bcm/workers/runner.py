@@ -45,6 +45,10 @@ class Runner:
         self.settings = settings
         self.tasks: set[asyncio.Task[None]] = set()
 
+    async def start(self) -> None:
+        """Size the worker threads to the database pool, so that no thread waits for a connection."""
+        anyio.to_thread.current_default_thread_limiter().total_tokens = self.settings.db.threads
+
     async def verb(self, verb: str, names: list[str], actor: str, reason: str | None) -> VerbResult:
         if verb in JOBS:
             op_id, owner = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason)
@@ -58,6 +62,14 @@ class Runner:
             await self._through_workload_manager(verb, names, actor, reason)
         moved = await anyio.to_thread.run_sync(self._apply, verb, names, actor, reason)
         return VerbResult(verb=verb, nodes=moved)
+
+    async def operation(self, kind: str, names: list[str], actor: str, reason: str | None, fn: Job) -> int:
+        """Run ``fn`` as an operation that moves no lifecycle state (power …): same locks, row and release."""
+        op_id, owner = await anyio.to_thread.run_sync(self._start_job, kind, names, actor, reason, False)
+        task = asyncio.create_task(self._run(fn, op_id, names, actor, owner))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return op_id
 
     async def _through_workload_manager(
         self, verb: str, names: list[str], actor: str, reason: str | None
@@ -87,13 +99,16 @@ class Runner:
             nodes = node_svc.apply_verb(s, names, verb, actor, reason)
             return [{"name": n.name, "status": "ok", "state": n.provision_state} for n in nodes]
 
-    def _start_job(self, verb: str, names: list[str], actor: str, reason: str | None) -> tuple[int, str]:
+    def _start_job(
+        self, verb: str, names: list[str], actor: str, reason: str | None, transition: bool = True
+    ) -> tuple[int, str]:
         """Lock the nodes and record the operation (in a worker thread); the caller starts the task."""
         owner = f"op-{uuid.uuid4().hex[:12]}"
         with session_scope(self.engine) as s:
             # lock first, then check legality: nothing starts if any node may not take the verb
             node_svc.acquire_locks(s, names, owner)
-            for node, target in node_svc.check_verb(s, names, verb, lock_owner=owner):
+            moves = node_svc.check_verb(s, names, verb, lock_owner=owner) if transition else []
+            for node, target in moves:
                 node.target_state = target.value
                 s.add(node)
             op = op_svc.create(s, verb, fold_hostlist(names), len(names), actor)
