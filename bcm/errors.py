@@ -10,6 +10,9 @@ BcmError                      500  anything bcm raises on purpose
 │   ├── Duplicate             409  name / MAC / IP already taken
 │   ├── IllegalTransition     409  verb not allowed in the node's state
 │   └── LockHeld              409  another operation holds the node's lock
+├── BadRequest                400  a request bcm will not parse (JSON nested too deep)
+├── PayloadTooLarge           413  a body over the configured limit
+├── TooManyRequests           429  too many failed authentications from one address; carries ``retry_after``
 ├── Unauthorized              401  no token or an unknown/revoked one
 ├── Forbidden                 403  the token's role may not do this
 └── DriverError               502  an external system failed (ssh, ansible, slurm, dnsmasq)
@@ -35,6 +38,11 @@ class BcmError(Exception):
         if self.field:
             body["field"] = self.field
         return body
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers that go with this error (``Retry-After`` where a retry makes sense)."""
+        retry_after = getattr(self, "retry_after", None)
+        return {"Retry-After": str(retry_after)} if retry_after is not None else {}
 
 
 class InvalidInput(BcmError, ValueError):
@@ -65,6 +73,28 @@ class IllegalTransition(Conflict):
 
 class LockHeld(Conflict):
     """Another operation holds the node's lock."""
+
+
+class BadRequest(BcmError):
+    """A request bcm refuses to parse at all."""
+
+    status_code = 400
+
+
+class PayloadTooLarge(BcmError):
+    """The request body exceeds the configured limit."""
+
+    status_code = 413
+
+
+class TooManyRequests(BcmError):
+    """Too many failed authentications from one client address."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Unauthorized(BcmError):

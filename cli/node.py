@@ -207,6 +207,21 @@ def remove(
     out.print(f"removed {len(gone['deleted'])} node(s)")
 
 
+@app.command("rekey")
+def rekey(
+    name: Annotated[str, typer.Argument(help="one node")],
+    key: Annotated[
+        str | None, typer.Option(help="the node's new host key line; without it the pin is cleared")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Replace a node's pinned SSH host key (admin; audited). Without --key, the next contact pins anew."""
+    if key is None and not yes:
+        typer.confirm(f"clear the pinned host key of {name}? the next host to answer there is trusted", abort=True)
+    client().post(f"/api/v1/nodes/{name}/rekey", {"ssh_host_key": key})
+    out.print(f"{name}: host key {'replaced' if key else 'cleared; the next contact pins it'}")
+
+
 @app.command("trust")
 def trust(
     nodes: Nodes,

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from bcm import __version__, db_errors
 from bcm.api import metrics
 from bcm.api.boot import agent as boot_agent
+from bcm.api.limits import AuthFailures, BodyLimits
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
@@ -33,7 +34,7 @@ def _field_of(loc: tuple[Any, ...] | list[Any]) -> str:
 
 async def _bcm_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, BcmError)
-    return JSONResponse(status_code=exc.status_code, content=exc.to_dict())
+    return JSONResponse(status_code=exc.status_code, content=exc.to_dict(), headers=exc.headers())
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -99,6 +100,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
+    app.state.auth_failures = AuthFailures(settings.http.auth_failures_per_minute)
+    app.add_middleware(
+        BodyLimits, max_body_bytes=settings.http.max_body_bytes, max_json_depth=settings.http.max_json_depth
+    )
     app.add_exception_handler(BcmError, _bcm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(SQLAlchemyError, _database_error)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from bcm.errors import Unauthorized
 from bcm.models.auth import ApiToken, Role
 from bcm.models.base import utcnow
 from bcm.services import auth
@@ -67,8 +68,22 @@ def bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+def verified_token(request: Request, session: Session) -> ApiToken:
+    """The caller's live token; failures are logged (never the token) and braked per client address."""
+    failures = request.app.state.auth_failures
+    client = request.client.host if request.client else "unknown"
+    failures.check(client)
+    presented = bearer(request)
+    try:
+        return auth.verify(session, presented)
+    except Unauthorized as exc:
+        if presented:  # a wrong token is a guess; a missing one is a client not set up yet
+            failures.failed(client, request.url.path, exc.message)
+        raise
+
+
 def current_token(request: Request, session: SessionDep) -> ApiToken:
-    token = auth.verify(session, bearer(request))
+    token = verified_token(request, session)
     now = utcnow()
     # at most one write a minute per token: a read request should not have to write
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:

@@ -7,7 +7,6 @@ The API should also cap the request body at :data:`MAX_REPORT_BYTES` before pars
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,11 +21,15 @@ from bcm.agent.schema import (
     MAX_XID_EVENTS,
     SCHEMA_VERSION,
 )
+from bcm.domain.bounds import INT32_MAX, INT64_MAX, Timestamp
 
 __all__ = ["MAX_REPORT_BYTES", "HealthReport", "GpuSampleIn", "XidEventIn"]
 
 Str = Annotated[str, Field(max_length=MAX_STRING)]
-Count = Annotated[int, Field(ge=0, le=2**64 - 1)]
+Count = Annotated[int, Field(ge=0, le=2**64 - 1)]  # NVML's unsigned long long; judged, never stored
+# what is stored goes into a column: BIGINT counters, INTEGER sizes, strings of the column's length
+Count64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Mib = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Index = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
 
 
@@ -35,22 +38,22 @@ class _Strict(BaseModel):
 
 
 class EccCountsIn(_Strict):
-    volatile_corrected: Count | None = None
-    volatile_uncorrected: Count | None = None
-    aggregate_corrected: Count | None = None
-    aggregate_uncorrected: Count | None = None
+    volatile_corrected: Count64 | None = None
+    volatile_uncorrected: Count64 | None = None
+    aggregate_corrected: Count64 | None = None
+    aggregate_uncorrected: Count64 | None = None
 
 
 class RemappedRowsIn(_Strict):
-    correctable: Count
-    uncorrectable: Count
+    correctable: Count64
+    uncorrectable: Count64
     pending: bool
     failure: bool
 
 
 class RetiredPagesIn(_Strict):
-    single_bit: Count | None = None
-    double_bit: Count | None = None
+    single_bit: Count64 | None = None
+    double_bit: Count64 | None = None
     pending: bool | None = None
 
 
@@ -65,7 +68,7 @@ class NvLinkIn(_Strict):
 
 
 class PcieIn(_Strict):
-    replay_counter: Count | None = None
+    replay_counter: Count64 | None = None
     gen_current: Annotated[int, Field(ge=0, le=32)] | None = None
     gen_max: Annotated[int, Field(ge=0, le=32)] | None = None
     width_current: Annotated[int, Field(ge=0, le=64)] | None = None
@@ -74,10 +77,10 @@ class PcieIn(_Strict):
 
 class GpuSampleIn(_Strict):
     index: Index
-    uuid: Str | None = None
-    name: Str | None = None
+    uuid: Annotated[str, Field(max_length=96)] | None = None
+    name: Annotated[str, Field(max_length=128)] | None = None
     serial: Str | None = None
-    pci_bus_id: Str | None = None
+    pci_bus_id: Annotated[str, Field(max_length=32)] | None = None
     vbios_version: Str | None = None
     lost: bool = False
     temperature_c: Annotated[int, Field(ge=-100, le=300)] | None = None
@@ -87,8 +90,8 @@ class GpuSampleIn(_Strict):
     power_limit_w: Annotated[float, Field(ge=0, le=100_000)] | None = None
     utilization_gpu_pct: Annotated[int, Field(ge=0, le=100)] | None = None
     utilization_memory_pct: Annotated[int, Field(ge=0, le=100)] | None = None
-    memory_total_mib: Count | None = None
-    memory_used_mib: Count | None = None
+    memory_total_mib: Mib | None = None
+    memory_used_mib: Mib | None = None
     ecc_enabled: bool | None = None
     ecc: EccCountsIn = EccCountsIn()
     remapped_rows: RemappedRowsIn | None = None
@@ -107,7 +110,7 @@ class XidEventIn(_Strict):
     gpu_index: Index | None = None
     uuid: Str | None = None
     pci_bus_id: Str | None = None
-    time: datetime
+    time: Timestamp
     source: Literal["nvml", "kmsg"]
     message: Annotated[str, Field(max_length=MAX_MESSAGE)] | None = None
     recovery_action: Str | None = None
@@ -118,10 +121,10 @@ class HealthReport(_Strict):
 
     # "schema" shadows a deprecated BaseModel attribute, hence the alias.
     schema_version: Literal[1] = Field(alias="schema")
-    agent_version: Str
+    agent_version: Annotated[str, Field(max_length=64)]
     hostname: Str
-    collected_at: datetime
-    driver_version: Str | None = None
+    collected_at: Timestamp
+    driver_version: Annotated[str, Field(max_length=64)] | None = None
     cuda_driver_version: Str | None = None
     gpu_count: Annotated[int, Field(ge=0, le=1024)]
     expected_gpu_count: Annotated[int, Field(ge=0, le=1024)] | None = None

@@ -129,6 +129,21 @@ def _ansible_bin(name: str) -> str:
     return found
 
 
+_JINJA = ("{{", "{%", "{#")
+
+
+def _jinja_in(value: Any, path: str = "") -> str | None:
+    """The path of the first string in extra vars that Ansible would template, or None."""
+    if isinstance(value, str):
+        return path or "value" if any(m in value for m in _JINJA) else None
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = _jinja_in(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
 def run_playbook(
     playbook: str,
     hosts: Sequence[AnsibleHost],
@@ -149,6 +164,9 @@ def run_playbook(
 
     playbooks = playbook_dir()
 
+    templated = _jinja_in(extravars)
+    if templated:
+        raise FatalDriverError(f"extra var {templated} holds Jinja syntax; bcm passes rendered text as files")
     missing = [h.name for h in hosts if not h.host_key]
     if missing:
         raise FatalDriverError(f"no pinned SSH host key for {', '.join(missing)}; inventory them first")

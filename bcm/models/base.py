@@ -8,6 +8,10 @@ from typing import Any
 from sqlalchemy import JSON, Column, DateTime
 from sqlalchemy.types import TypeDecorator
 
+from bcm.domain.bounds import INT32_MAX, INT64_MAX, Timestamp, bounded_datetime
+
+__all__ = ["INT32_MAX", "INT64_MAX", "Timestamp", "bounded_datetime", "json_column", "ts_column", "utcnow"]
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -37,3 +41,4 @@ def ts_column(*, nullable: bool = True, index: bool = False) -> Any:
 
 def json_column(*, nullable: bool = True) -> Any:
     return Column(JSON, nullable=nullable)
+

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import field_validator
 from sqlmodel import Field, SQLModel
 
+from bcm.domain.health_policy import HealthPolicy
 from bcm.domain.naming import check_name
 from bcm.models.base import json_column, ts_column, utcnow
 
@@ -38,20 +39,16 @@ def _check_policy(policy: dict[str, Any] | None) -> dict[str, Any] | None:
 
 class CategoryCreate(CategoryBase):
     name: str = Field(max_length=63)
-    health_policy: dict[str, Any] | None = None
+    health_policy: HealthPolicy | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return check_name(v)
 
-    _policy = field_validator("health_policy")(_check_policy)
-
 
 class CategoryUpdate(CategoryBase):
-    health_policy: dict[str, Any] | None = None
-
-    _policy = field_validator("health_policy")(_check_policy)
+    health_policy: HealthPolicy | None = None
 
 
 class CategoryPublic(CategoryBase):

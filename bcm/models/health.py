@@ -56,17 +56,17 @@ class GpuHealth(SQLModel, table=True):
     utilization_memory_pct: int | None = None
     memory_total_mib: int | None = None
     memory_used_mib: int | None = None
-    ecc_sbe_volatile: int | None = None
-    ecc_dbe_volatile: int | None = None
-    ecc_sbe_aggregate: int | None = None
-    ecc_dbe_aggregate: int | None = None
-    pcie_replay: int | None = None
-    remap_correctable: int | None = None
-    remap_uncorrectable: int | None = None
+    ecc_sbe_volatile: int | None = Field(default=None, sa_column=Column(BigInteger))
+    ecc_dbe_volatile: int | None = Field(default=None, sa_column=Column(BigInteger))
+    ecc_sbe_aggregate: int | None = Field(default=None, sa_column=Column(BigInteger))
+    ecc_dbe_aggregate: int | None = Field(default=None, sa_column=Column(BigInteger))
+    pcie_replay: int | None = Field(default=None, sa_column=Column(BigInteger))
+    remap_correctable: int | None = Field(default=None, sa_column=Column(BigInteger))
+    remap_uncorrectable: int | None = Field(default=None, sa_column=Column(BigInteger))
     remap_pending: bool | None = None
     remap_failure: bool | None = None
-    retired_sbe: int | None = None
-    retired_dbe: int | None = None
+    retired_sbe: int | None = Field(default=None, sa_column=Column(BigInteger))
+    retired_dbe: int | None = Field(default=None, sa_column=Column(BigInteger))
     retired_pending: bool | None = None
     last_xid: int | None = None
     xid_count: int = 0
@@ -76,7 +76,7 @@ class GpuHealth(SQLModel, table=True):
 class HealthSample(SQLModel, table=True):
     """One GPU's reading from one report (the bounded history)."""
 
-    __table_args__ = (Index("ix_healthsample_uuid_id", "uuid", "id"),)
+    __table_args__ = (Index("ix_healthsample_node_uuid_id", "node_id", "uuid", "id"),)
 
     id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
     node_id: int = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
@@ -88,13 +88,15 @@ class HealthSample(SQLModel, table=True):
     power_draw_w: float | None = None
     utilization_gpu_pct: int | None = None
     memory_used_mib: int | None = None
-    ecc_sbe_volatile: int | None = None
-    ecc_dbe_volatile: int | None = None
+    ecc_sbe_volatile: int | None = Field(default=None, sa_column=Column(BigInteger))
+    ecc_dbe_volatile: int | None = Field(default=None, sa_column=Column(BigInteger))
     xid: int | None = None
 
 
 class HealthEvent(SQLModel, table=True):
     """Something worth a person's attention: a verdict change, an Xid, a drain or a resume."""
+
+    __table_args__ = (Index("ix_healthevent_node_id_id", "node_id", "id"),)
 
     id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
     time: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False, index=True))

@@ -9,6 +9,7 @@ from pydantic import field_validator, model_validator
 from sqlalchemy import Text
 from sqlmodel import Column, Field, SQLModel
 
+from bcm.domain.hostkey import check_host_key
 from bcm.domain.naming import check_name, normalize_ip, normalize_mac
 from bcm.domain.states import State
 from bcm.models.base import json_column, ts_column, utcnow
@@ -81,6 +82,11 @@ class NodeCreate(NodeSettings):
     def _name(cls, v: str) -> str:
         return check_name(v)
 
+    @field_validator("ssh_host_key")
+    @classmethod
+    def _host_key(cls, v: str | None) -> str | None:
+        return None if v is None else check_host_key(v)
+
     @field_validator("mac")
     @classmethod
     def _mac(cls, v: str | None) -> str | None:
@@ -133,8 +139,26 @@ class NodeBulkCreate(NodeSettings):
 
 class NodeUpdate(NodeSettings):
     category: str | None = Field(default=None, max_length=63)
-    ssh_host_key: str | None = Field(default=None, max_length=16384)
     interfaces: list[InterfaceSpec] | None = Field(default=None, max_length=16)
+    ssh_host_key: str | None = Field(
+        default=None, description="refused: a pinned host key changes only through POST /nodes/{name}/rekey"
+    )
+
+    @field_validator("ssh_host_key")
+    @classmethod
+    def _no_host_key(cls, v: str | None) -> str | None:
+        raise ValueError("a pinned host key changes only through `bcm node rekey NODE` (admin)")
+
+
+class RekeyRequest(SQLModel):
+    """Replace a node's pinned SSH host key, or clear it (``null``) so the next contact pins anew."""
+
+    ssh_host_key: str | None = Field(default=None, max_length=16384)
+
+    @field_validator("ssh_host_key")
+    @classmethod
+    def _host_key(cls, v: str | None) -> str | None:
+        return None if v is None else check_host_key(v)
 
 
 class InterfacePublic(SQLModel):

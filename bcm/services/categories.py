@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
@@ -21,7 +23,7 @@ def get(session: Session, name: str) -> Category:
 def create(session: Session, spec: CategoryCreate, actor: str) -> Category:
     if session.exec(select(Category).where(Category.name == spec.name)).first() is not None:
         raise Duplicate(f"name: category {spec.name!r} already exists", field="name")
-    cat = Category(**spec.model_dump())
+    cat = Category(**_columns(spec, spec.model_dump()))
     session.add(cat)
     events.record(session, actor, "category.create", spec.name)
     session.flush()
@@ -30,12 +32,19 @@ def create(session: Session, spec: CategoryCreate, actor: str) -> Category:
 
 def update_category(session: Session, name: str, spec: CategoryUpdate, actor: str) -> Category:
     cat = get(session, name)
-    for field, value in spec.model_dump(exclude_unset=True).items():
+    for field, value in _columns(spec, spec.model_dump(exclude_unset=True)).items():
         setattr(cat, field, value)
     session.add(cat)
     events.record(session, actor, "category.update", name, ", ".join(sorted(spec.model_fields_set)))
     session.flush()
     return cat
+
+
+def _columns(spec: CategoryCreate | CategoryUpdate, values: dict[str, Any]) -> dict[str, Any]:
+    """Column values from a validated spec: the health policy stored as only the keys it sets."""
+    if "health_policy" in values:
+        values["health_policy"] = spec.health_policy.stored() if spec.health_policy else None
+    return values
 
 
 def delete(session: Session, name: str, actor: str) -> None:
@@ -80,5 +89,5 @@ def seed_defaults(session: Session) -> None:
     """On an empty category table, create the stock categories (as BCM ships ``default``)."""
     if session.exec(select(Category)).first() is None:
         for spec in SEED:
-            session.add(Category(**spec.model_dump()))
+            session.add(Category(**_columns(spec, spec.model_dump())))
         session.flush()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,16 +43,19 @@ from bcm.domain.health import (
     Verdict,
     evaluate,
 )
+from bcm.domain.health_policy import HealthPolicy
 from bcm.domain.health_report import HealthReport
 from bcm.domain.states import State
-from bcm.errors import BcmError, Forbidden, NotFound
-from bcm.models.base import utcnow
+from bcm.errors import BcmError, Forbidden, InvalidInput, NotFound
+from bcm.models.base import INT32_MAX, utcnow
 from bcm.models.category import Category
 from bcm.models.gpu import Gpu
 from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
 from bcm.models.node import Node
 from bcm.services import nodes as node_svc
 from bcm.settings import HealthSettings
+
+log = logging.getLogger("bcm.health")
 
 ACTOR = "bcm:health"
 DRAIN, RESUME = "drain", "resume"
@@ -92,7 +96,13 @@ def check_reporter(node_name: str, report: HealthReport) -> None:
 
 @lru_cache(maxsize=256)
 def _thresholds(policy_json: str | None) -> Thresholds:
-    return Thresholds().merged(json.loads(policy_json) if policy_json else None)
+    try:
+        policy = HealthPolicy.model_validate_json(policy_json) if policy_json else None
+        return Thresholds().merged(policy.stored() if policy else None)
+    except (InvalidInput, ValueError):
+        # written before policies were typed: judge with the defaults rather than refuse every report
+        log.warning("category health policy cannot be applied; using default thresholds")
+        return Thresholds()
 
 
 def thresholds_for(policy: Mapping[str, Any] | None) -> Thresholds:
@@ -242,7 +252,7 @@ def ingest(
         ],
     )
     if prune:  # after this report's samples are in, so each GPU keeps history_per_gpu of them
-        prune_history(session, [g["uuid"] for g in gpu_rows], settings.history_per_gpu)
+        prune_history(session, node_id, [g["uuid"] for g in gpu_rows], settings)
     return IngestResult(node_id, name, effective.value, raw.value, action)
 
 
@@ -294,7 +304,7 @@ def _gpu_row(
         "retired_pending": pages.pending if pages else None,
         # dcgm-exporter's XID_ERRORS is the last Xid seen; keep it until another one replaces it
         "last_xid": xids[-1] if xids else None,
-        "xid_count": (prev.xid_count if prev else 0) + len(xids),
+        "xid_count": min(INT32_MAX, (prev.xid_count if prev else 0) + len(xids)),
         "sampled_at": now,
     }
 
@@ -319,7 +329,7 @@ def _sample_row(
 
 
 _STATEMENTS: dict[tuple[Any, ...], Any] = {}
-_PG_ARRAY_TYPES = {"INTEGER": "int4", "BIGINT": "int8", "FLOAT": "float8", "BOOLEAN": "bool", "JSON": "json"}
+_PG_ARRAY_TYPES = {"INTEGER": "int4", "BIGINT": "int8", "BIGINTEGER": "int8", "FLOAT": "float8", "BOOLEAN": "bool", "JSON": "json"}
 
 
 def _pg_array_type(column: Any) -> str:
@@ -391,16 +401,25 @@ def prune_every(settings: HealthSettings) -> int:
     return max(10, settings.history_per_gpu // 10)
 
 
-def prune_history(session: Session, uuids: Iterable[str], keep: int) -> None:
-    """Delete all but the newest ``keep`` samples of each GPU (one indexed DELETE per GPU)."""
+def prune_history(session: Session, node_id: int, uuids: Iterable[str], settings: HealthSettings) -> None:
+    """Keep the newest ``history_per_gpu`` samples of each of this node's GPUs and its newest
+    ``events_per_node`` events (indexed DELETEs, all within the node's own rows)."""
     for uuid in uuids:
         session.execute(
             text(
-                "DELETE FROM healthsample WHERE uuid = :u AND id < ("
-                "SELECT id FROM healthsample WHERE uuid = :u ORDER BY id DESC LIMIT 1 OFFSET :n)"
+                "DELETE FROM healthsample WHERE node_id = :node AND uuid = :u AND id < ("
+                "SELECT id FROM healthsample WHERE node_id = :node AND uuid = :u"
+                " ORDER BY id DESC LIMIT 1 OFFSET :n)"
             ),
-            {"u": uuid, "n": keep - 1},
+            {"node": node_id, "u": uuid, "n": settings.history_per_gpu - 1},
         )
+    session.execute(
+        text(
+            "DELETE FROM healthevent WHERE node_id = :node AND id < ("
+            "SELECT id FROM healthevent WHERE node_id = :node ORDER BY id DESC LIMIT 1 OFFSET :n)"
+        ),
+        {"node": node_id, "n": settings.events_per_node - 1},
+    )
 
 
 def _event(

@@ -15,7 +15,7 @@ from sqlmodel import Session, col
 
 from bcm.domain.health import Verdict
 from bcm.domain.naming import expand_hostlist
-from bcm.errors import InvalidInput, NotFound
+from bcm.errors import Conflict, InvalidInput, NotFound
 from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.health import (
@@ -216,24 +216,35 @@ def _gpu_public(node: str, g: GpuHealth) -> GpuHealthPublic:
 
 
 def gpu_history(
-    session: Session, uuid: str, *, limit: int = 100, since: datetime | None = None
+    session: Session, uuid: str, *, node: str | None = None, limit: int = 100, since: datetime | None = None
 ) -> GpuHistory:
-    """A GPU's samples, newest first."""
-    latest = session.execute(
-        sa_select(GpuHealth.index, Node.name)  # type: ignore[call-overload]
-        .join(Node, col(Node.id) == col(GpuHealth.node_id))
-        .where(col(GpuHealth.uuid) == uuid)
-    ).first()
-    stmt = sa_select(HealthSample).where(col(HealthSample.uuid) == uuid)
+    """A GPU's samples, newest first, from the one node that reports it (``node`` names it when
+    several nodes have reported the same UUID: each node's history is its own)."""
+    reporters = sa_select(GpuHealth.node_id, GpuHealth.index, Node.name).join(  # type: ignore[call-overload]
+        Node, col(Node.id) == col(GpuHealth.node_id)
+    ).where(col(GpuHealth.uuid) == uuid)
+    if node:
+        reporters = reporters.where(col(GpuHealth.node_id) == node_id_of(session, node))
+    found = session.execute(reporters.limit(11)).all()
+    if len(found) > 1:
+        names = ", ".join(sorted(r[2] for r in found[:10]))
+        raise Conflict(f"GPU UUID {uuid!r} is reported by several nodes ({names}); name one with ?node=")
+    if found:
+        node_id, index, node_name = found[0]
+    elif node:
+        node_id, index, node_name = node_id_of(session, node), None, node
+    else:
+        raise NotFound(f"no GPU with UUID {uuid!r} has reported")
+    stmt = sa_select(HealthSample).where(col(HealthSample.node_id) == node_id, col(HealthSample.uuid) == uuid)
     if since is not None:
         stmt = stmt.where(col(HealthSample.time) >= since)
     samples = list(session.execute(stmt.order_by(col(HealthSample.id).desc()).limit(limit)).scalars())
-    if latest is None and not samples:
-        raise NotFound(f"no GPU with UUID {uuid!r} has reported")
+    if not found and not samples:
+        raise NotFound(f"no GPU with UUID {uuid!r} has reported from node {node!r}")
     return GpuHistory(
         uuid=uuid,
-        node=latest[1] if latest else None,
-        index=latest[0] if latest else None,
+        node=node_name,
+        index=index,
         samples=[HealthSamplePublic.model_validate(s, from_attributes=True) for s in samples],
     )
 

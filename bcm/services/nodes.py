@@ -15,6 +15,7 @@ from sqlalchemy.orm import defer
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
+from bcm.domain.hostkey import fingerprint
 from bcm.domain.inheritance import INHERITED_FIELDS, effective_settings
 from bcm.domain.naming import expand_hostlist, fold_hostlist, ip_sequence, mac_sequence
 from bcm.domain.states import PUBLIC_VERBS, State, Verb, next_state
@@ -258,6 +259,14 @@ def update_node(session: Session, name: str, spec: NodeUpdate, actor: str) -> No
     if new_ifaces is not None:
         specs = [InterfaceSpec(**i) for i in new_ifaces]
         old = list(session.exec(select(Iface).where(Iface.node_id == node.id)))
+        before, after = sorted(i.ip or "" for i in old), sorted(s.ip or "" for s in specs)
+        if node.ssh_host_key and before != after:
+            # the pin stays with the node: whatever answers at the new address must present the same key
+            events.record(
+                session, actor, "node.address", node.name,
+                f"{', '.join(filter(None, before)) or '-'} -> {', '.join(filter(None, after)) or '-'}; "
+                f"pinned host key {fingerprint(node.ssh_host_key)} kept",
+            )  # fmt: skip
         for i in old:
             session.delete(i)
         session.flush()
@@ -268,6 +277,20 @@ def update_node(session: Session, name: str, spec: NodeUpdate, actor: str) -> No
     node.updated_at = utcnow()
     session.add(node)
     events.record(session, actor, "node.update", node.name, ", ".join(sorted(spec.model_fields_set)))
+    session.flush()
+    return node
+
+
+def rekey(session: Session, name: str, key: str | None, actor: str) -> Node:
+    """Replace or clear a node's pinned host key: the one way a pin changes, always audited."""
+    node = get(session, name)
+    _check_unlocked([node])
+    old = fingerprint(node.ssh_host_key) if node.ssh_host_key else "none"
+    node.ssh_host_key = key
+    node.updated_at = utcnow()
+    session.add(node)
+    new = fingerprint(key) if key else "none (the next contact pins the key it presents)"
+    events.record(session, actor, "node.rekey", node.name, f"host key {old} -> {new}")
     session.flush()
     return node
 

@@ -98,6 +98,17 @@ def write_slurmdbd_conf(state_dir: Path, cluster: str, text: str) -> Path:
     return path
 
 
+def write_rendered(state_dir: Path, cluster: str, files: dict[str, str]) -> dict[str, str]:
+    """Rendered files written out for Ansible to copy (``src:``): their text never passes through
+    extra vars, where Ansible would template any ``{{ … }}`` in it on the head node."""
+    out = {}
+    for file_name, text in files.items():
+        path = secrets_dir(state_dir, cluster) / "etc" / file_name
+        _write_private(path, text.encode())
+        out[file_name] = str(path)
+    return out
+
+
 # ---- clusters ---------------------------------------------------------------------------------------
 
 
@@ -230,6 +241,7 @@ def build_plan(session: Session, state_dir: Path, name: str) -> SlurmPlan:
     files = render_slurm_files(config, storage_pass(state_dir, name))
     key_path, fingerprint = ensure_munge_key(state_dir, name)
     dbd_path = write_slurmdbd_conf(state_dir, name, files.pop("slurmdbd.conf"))
+    file_paths = write_rendered(state_dir, name, files)
     row.munge_key_sha256 = fingerprint
     session.add(row)
     member_names = [m.name for m in members]
@@ -249,7 +261,7 @@ def build_plan(session: Session, state_dir: Path, name: str) -> SlurmPlan:
     extravars = {
         "bcm_slurm": {
             "cluster": row.name,
-            "files": files,
+            "files": file_paths,
             "slurm_user": settings.slurm_user,
             "munge_key_src": str(key_path),
             "slurmdbd_conf_src": str(dbd_path),

@@ -54,7 +54,7 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ("missing-name", "POST", "/api/v1/nodes", {"mac": "52:54:00:00:99:01"}, 422, "name"),
     ("bad-start-state", "POST", "/api/v1/nodes", {"name": "z1", "state": "ready"}, 422, "state"),
     ("bad-category-name", "POST", "/api/v1/categories", {"name": "Bad Cat"}, 422, "name"),
-    ("bad-health-policy", "POST", "/api/v1/categories", {"name": "hp", "health_policy": {"nope": 1}}, 422, "health_policy"),
+    ("bad-health-policy", "POST", "/api/v1/categories", {"name": "hp", "health_policy": {"nope": 1}}, 422, "health_policy.nope"),
     ("duplicate-category", "POST", "/api/v1/categories", {"name": "gpu"}, 409, "name"),
     ("bad-limit", "GET", "/api/v1/nodes?limit=0", None, 422, "limit"),
     ("bad-state-filter", "GET", "/api/v1/nodes?state=sleeping", None, 422, "state"),

@@ -13,13 +13,12 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, Depends, Request, status
 from pydantic import ValidationError
 
-from bcm.api.deps import SessionDep, bearer
+from bcm.api.deps import SessionDep, verified_token
 from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
 from bcm.errors import Forbidden, InvalidInput
 from bcm.models.auth import ApiToken, Role
 from bcm.models.base import utcnow
 from bcm.models.health import ReportAccepted
-from bcm.services import auth
 from bcm.services import health as svc
 
 router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
@@ -29,7 +28,7 @@ TOKEN_TOUCH_EVERY = timedelta(minutes=5)
 
 def node_only_token(request: Request, session: SessionDep) -> ApiToken:
     """The caller's token, which must be a node's agent token (admin and user tokens are refused)."""
-    token = auth.verify(session, bearer(request))
+    token = verified_token(request, session)
     if token.role != Role.NODE.value or token.node_id is None:
         raise Forbidden("this endpoint takes a node's agent token (issue one with `bcm node token NODE`)")
     now = utcnow()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from bcm.api.deps import SessionDep, Viewer
+from bcm.api.params import Offset, Since
 from bcm.models.event import EventPublic
 from bcm.services import events as svc
 
@@ -18,11 +18,11 @@ router = APIRouter(prefix="/events", tags=["events"])
 def list_events(
     session: SessionDep,
     _t: Viewer,
-    since: datetime | None = None,
+    since: Since = None,
     action: str | None = None,
     target: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> list[EventPublic]:
     rows = svc.query(session, since=since, action=action, target=target, limit=limit, offset=offset)
     return [EventPublic.model_validate(e, from_attributes=True) for e in rows]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from bcm.api.deps import SessionDep, Viewer
+from bcm.api.params import Offset, Since
 from bcm.models.health import (
     GpuHealthPublic,
     GpuHistory,
@@ -34,7 +34,7 @@ def health_nodes(
     verdict: Annotated[str | None, Query(max_length=16, description="ok, unknown, warn or fail")] = None,
     nodes: Hostlist = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> NodeHealthPage:
     return q.list_nodes(
         session,
@@ -50,11 +50,11 @@ def health_nodes(
 def health_events(
     session: SessionDep,
     _t: Viewer,
-    since: datetime | None = None,
+    since: Since = None,
     node: Annotated[str | None, Query(max_length=63)] = None,
     severity: Annotated[str | None, Query(max_length=16)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> list[HealthEventPublic]:
     return q.events(session, since=since, node=node, severity=severity, limit=limit, offset=offset)
 
@@ -66,10 +66,11 @@ def node_gpus(name: str, session: SessionDep, _t: Viewer) -> list[GpuHealthPubli
 
 @router.get("/gpus/{uuid}/history", response_model=GpuHistory)
 def gpu_history(
-    uuid: Annotated[str, "GPU UUID"],
+    uuid: Annotated[str, Path(max_length=96, description="GPU UUID")],
     session: SessionDep,
     _t: Viewer,
-    since: datetime | None = None,
+    since: Since = None,
+    node: Annotated[str | None, Query(max_length=63, description="the node, when several report this UUID")] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 100,
 ) -> GpuHistory:
-    return q.gpu_history(session, uuid, limit=limit, since=since)
+    return q.gpu_history(session, uuid, node=node, limit=limit, since=since)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlmodel import Field, Session, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
+from bcm.api.params import Offset
 from bcm.domain.naming import expand_hostlist
 from bcm.models.node import (
     NodeBulkCreate,
@@ -16,6 +17,7 @@ from bcm.models.node import (
     NodePage,
     NodePublic,
     NodeUpdate,
+    RekeyRequest,
     VerbRequest,
     VerbResult,
 )
@@ -34,7 +36,7 @@ def list_nodes(
     category: Annotated[str | None, Query(max_length=63)] = None,
     nodes: Annotated[str | None, Query(max_length=65535, description="hostlist, e.g. gpu[01-16]")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> NodePage:
     rows, total = svc.query(
         session, state=state, category=category, hostlist=nodes, limit=limit, offset=offset
@@ -55,7 +57,7 @@ def bulk_create(spec: NodeBulkCreate, session: SessionDep, token: Operator) -> l
 
 @router.delete("")
 def delete_nodes(
-    session: SessionDep, token: Operator, nodes: Annotated[str, Query(max_length=65535)]
+    session: SessionDep, token: Admin, nodes: Annotated[str, Query(max_length=65535)]
 ) -> dict[str, Any]:
     names = svc.delete(session, expand_hostlist(nodes), actor(token))
     return {"deleted": names}
@@ -100,6 +102,13 @@ def get_hardware(name: NamePath, session: SessionDep, _t: Viewer) -> dict[str, A
 @router.patch("/{name}", response_model=NodePublic)
 def update_node(name: NamePath, spec: NodeUpdate, session: SessionDep, token: Operator) -> NodePublic:
     node = svc.update_node(session, name, spec, actor(token))
+    return svc.to_public(session, [node])[0]
+
+
+@router.post("/{name}/rekey", response_model=NodePublic)
+def rekey_node(name: NamePath, body: RekeyRequest, session: SessionDep, token: Admin) -> NodePublic:
+    """Replace the node's pinned SSH host key, or clear it so the next contact pins anew (audited)."""
+    node = svc.rekey(session, name, body.ssh_host_key, actor(token))
     return svc.to_public(session, [node])[0]
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from bcm.api.deps import SessionDep, Viewer
+from bcm.api.params import Offset, RowId
 from bcm.models.operation import OperationDetail, OperationPublic
 from bcm.services import operations as svc
 
@@ -20,7 +21,7 @@ def list_operations(
     kind: str | None = None,
     state: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> list[OperationPublic]:
     return [
         OperationPublic.model_validate(o, from_attributes=True)
@@ -29,5 +30,5 @@ def list_operations(
 
 
 @router.get("/{op_id}", response_model=OperationDetail)
-def get_operation(op_id: int, session: SessionDep, _t: Viewer) -> OperationDetail:
+def get_operation(op_id: RowId, session: SessionDep, _t: Viewer) -> OperationDetail:
     return OperationDetail.model_validate(svc.get(session, op_id), from_attributes=True)

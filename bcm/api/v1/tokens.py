@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from bcm.api.deps import Admin, SessionDep, actor
+from bcm.api.params import RowId
 from bcm.errors import InvalidInput
 from bcm.models.auth import Role, TokenCreate, TokenCreated, TokenPublic, UserCreate, UserPublic
 from bcm.services import auth as svc
@@ -28,7 +29,7 @@ def create_token(spec: TokenCreate, session: SessionDep, token: Admin) -> TokenC
 
 
 @router.delete("/{token_id}", response_model=TokenPublic)
-def revoke_token(token_id: int, session: SessionDep, token: Admin) -> TokenPublic:
+def revoke_token(token_id: RowId, session: SessionDep, token: Admin) -> TokenPublic:
     row = svc.revoke(session, token_id)
     events.record(session, actor(token), "token.revoke", row.name)
     return svc.token_public(session, row)
