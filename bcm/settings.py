@@ -38,6 +38,26 @@ class HealthSettings(BaseModel):
     stale_intervals: int = Field(default=3, ge=1)
     resume_after_ok_intervals: int = Field(default=3, ge=1)
     history_per_gpu: int = Field(default=1000, ge=1)
+    events_per_node: int = Field(default=1000, ge=1)
+
+
+class HttpSettings(BaseModel):
+    """Limits on what a request may carry, and the brake on guessing tokens."""
+
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=1_073_741_824)
+    max_json_depth: int = Field(default=32, ge=4, le=256)
+    auth_failures_per_minute: int = Field(default=30, ge=1, le=100_000)
+
+
+class PowerSettings(BaseModel):
+    """Power control through BMCs (IPMI, Redfish): slow and fragile, so every call is bounded."""
+
+    timeout_s: float = Field(default=10.0, gt=0, le=300)
+    retries: int = Field(default=2, ge=0, le=10)  # extra tries after a timeout; never after an auth failure
+    concurrency: int = Field(default=32, ge=1, le=1024)
+    poll_interval_s: float = Field(default=300.0, ge=0)  # 0: never read power states in the background
+    ipmi_cipher_suite: int = Field(default=3, ge=0, le=17)
+    redfish_verify_tls: bool = True
 
 
 class DbSettings(BaseModel):
@@ -72,6 +92,8 @@ class Settings(BaseSettings):
     health: HealthSettings = HealthSettings()
     pxe: PxeSettings = PxeSettings()
     db: DbSettings = DbSettings()
+    power: PowerSettings = PowerSettings()
+    http: HttpSettings = HttpSettings()
 
     @property
     def effective_database_url(self) -> str:
