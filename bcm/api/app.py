@@ -83,9 +83,15 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.health = HealthWorker(engine, settings)
         app.state.health.start()
         wlm_sync = asyncio.create_task(wlm_worker.loop(engine, settings), name="bcm-wlm-sync")
+        from bcm.workers import power as power_worker
+
+        power_poll = asyncio.create_task(power_worker.poll_loop(engine, settings), name="bcm-power-poll")
         try:
             yield
         finally:
+            power_poll.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await power_poll
             wlm_sync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await wlm_sync
@@ -128,6 +134,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
             return JSONResponse(status_code=503, content=ready_err.to_dict(), headers=headers)
         return JSONResponse({"status": "ready", "version": __version__})
 
+    from bcm.api.v1 import power
+
+    app.include_router(power.router, prefix="/api/v1")  # before nodes: /nodes/actions/power-* is its own
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(tokens.users, prefix="/api/v1")

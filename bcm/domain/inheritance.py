@@ -5,8 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-INHERITED_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode")
-DEFAULTS: dict[str, Any] = {"image": None, "kernel_args": "", "wlm_role": "compute", "boot_mode": "pxe"}
+INHERITED_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "bmc_protocol", "bmc_user")
+DEFAULTS: dict[str, Any] = {
+    "image": None,
+    "kernel_args": "",
+    "wlm_role": "compute",
+    "boot_mode": "pxe",
+    "bmc_protocol": None,
+    "bmc_user": None,
+}
 
 
 @dataclass(frozen=True)

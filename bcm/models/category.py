@@ -6,10 +6,12 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import field_validator
-from sqlmodel import Field, SQLModel
+from sqlalchemy import Text
+from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.health_policy import HealthPolicy
 from bcm.domain.naming import check_name
+from bcm.domain.power import check_bmc_protocol, check_bmc_user
 from bcm.models.base import json_column, ts_column, utcnow
 
 
@@ -19,6 +21,18 @@ class CategoryBase(SQLModel):
     wlm_role: str | None = Field(default=None, max_length=32)
     boot_mode: str | None = Field(default=None, max_length=16)
     description: str | None = Field(default=None, max_length=1024)
+    bmc_protocol: str | None = Field(default=None, max_length=16)  # ipmi | redfish
+    bmc_user: str | None = Field(default=None, max_length=64)
+
+    @field_validator("bmc_protocol")
+    @classmethod
+    def _bmc_protocol(cls, v: str | None) -> str | None:
+        return None if v is None else check_bmc_protocol(v)
+
+    @field_validator("bmc_user")
+    @classmethod
+    def _bmc_user(cls, v: str | None) -> str | None:
+        return None if v is None else check_bmc_user(v)
 
 
 class Category(CategoryBase, table=True):
@@ -26,6 +40,7 @@ class Category(CategoryBase, table=True):
     name: str = Field(index=True, unique=True, max_length=63)
     health_policy: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
 
 
 def _check_policy(policy: dict[str, Any] | None) -> dict[str, Any] | None:

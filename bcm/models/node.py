@@ -11,6 +11,7 @@ from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.hostkey import check_host_key
 from bcm.domain.naming import check_name, normalize_ip, normalize_mac
+from bcm.domain.power import check_bmc_address, check_bmc_protocol, check_bmc_user
 from bcm.domain.states import State
 from bcm.models.base import json_column, ts_column, utcnow
 
@@ -49,6 +50,24 @@ class NodeSettings(SQLModel):
     wlm_role: str | None = Field(default=None, max_length=32)
     boot_mode: str | None = Field(default=None, max_length=16)
     comment: str | None = Field(default=None, max_length=1024)
+    bmc_address: str | None = Field(default=None, max_length=270)
+    bmc_protocol: str | None = Field(default=None, max_length=16)  # ipmi | redfish
+    bmc_user: str | None = Field(default=None, max_length=64)
+
+    @field_validator("bmc_address")
+    @classmethod
+    def _bmc_address(cls, v: str | None) -> str | None:
+        return None if v is None else check_bmc_address(v)
+
+    @field_validator("bmc_user")
+    @classmethod
+    def _bmc_user(cls, v: str | None) -> str | None:
+        return None if v is None else check_bmc_user(v)
+
+    @field_validator("bmc_protocol")
+    @classmethod
+    def _bmc_protocol(cls, v: str | None) -> str | None:
+        return None if v is None else check_bmc_protocol(v)
 
 
 class Node(NodeSettings, table=True):
@@ -66,6 +85,9 @@ class Node(NodeSettings, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     inventoried_at: datetime | None = Field(default=None, sa_column=ts_column())
+    bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
+    power_state: str | None = Field(default=None, max_length=16)
+    power_checked_at: datetime | None = Field(default=None, sa_column=ts_column())
 
 
 class NodeCreate(NodeSettings):
@@ -182,6 +204,7 @@ class NodePublic(NodeSettings):
     created_at: datetime
     updated_at: datetime
     inventoried_at: datetime | None = None
+    power_state: str | None = None
 
 
 class NodePage(SQLModel):

@@ -36,7 +36,7 @@ from bcm.models.node import (
 from bcm.services import events
 
 CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
-SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment")
+SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment", "bmc_address", "bmc_protocol", "bmc_user")
 
 
 def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
@@ -243,6 +243,7 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
                 created_at=n.created_at,
                 updated_at=n.updated_at,
                 inventoried_at=n.inventoried_at,
+                power_state=n.power_state,
                 **{f: getattr(n, f) for f in SETTING_FIELDS},
             )
         )

@@ -70,6 +70,21 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ("patch-unknown-category", "PATCH", "/api/v1/nodes/keep1", {"category": "nope"}, 422, "category"),
     ("bad-token-role", "POST", "/api/v1/tokens", {"name": "t", "role": "god"}, 422, "role"),
     ("not-json", "POST", "/api/v1/nodes", "this is not json", 422, "body"),
+    ("bad-bmc-protocol", "POST", "/api/v1/nodes", {"name": "z1", "bmc_protocol": "snmp"}, 422, "bmc_protocol"),
+    ("bad-bmc-address", "POST", "/api/v1/nodes", {"name": "z1", "bmc_address": "http://"}, 422, "bmc_address"),
+    ("bad-bmc-port", "PATCH", "/api/v1/nodes/keep1", {"bmc_address": "198.18.0.9:70000"}, 422, "bmc_address"),
+    ("bad-bmc-user", "POST", "/api/v1/nodes/bulk", {"nodes": "z[1-2]", "bmc_user": "a b"}, 422, "bmc_user"),
+    ("bad-category-bmc", "POST", "/api/v1/categories", {"name": "c1", "bmc_protocol": "x"}, 422, "bmc_protocol"),
+    (
+        "empty-bmc-password",
+        "PUT",
+        "/api/v1/nodes/bmc-password",
+        {"nodes": "keep1", "password": ""},
+        422,
+        "password",
+    ),
+    ("bad-power-action", "POST", "/api/v1/nodes/actions/power-sideways", {"nodes": "keep1"}, 422, "action"),
+    ("power-bad-hostlist", "POST", "/api/v1/nodes/actions/power-on", {"nodes": "gpu[01-"}, 422, "nodes"),
 ]
 
 

@@ -1,0 +1,70 @@
+"""/api/v1/nodes/actions/power-*: power operations through BMCs; BMC passwords (write-only)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from sqlmodel import Field, SQLModel
+
+from bcm.api.deps import Admin, Operator, SessionDep, actor
+from bcm.domain.naming import expand_hostlist
+from bcm.domain.power import PowerAction
+from bcm.errors import InvalidInput
+from bcm.models.node import VerbRequest, VerbResult
+from bcm.services import power as svc
+from bcm.workers import power as worker
+
+router = APIRouter(tags=["power"])
+
+
+class PasswordRequest(SQLModel):
+    nodes: str = Field(max_length=65535)
+    password: str = Field(min_length=1, max_length=128, repr=False)
+
+
+class CategoryPasswordRequest(SQLModel):
+    password: str = Field(min_length=1, max_length=128, repr=False)
+
+
+@router.post("/nodes/actions/power-{action}", response_model=VerbResult)
+async def power_action(action: str, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
+    """Start a power operation (status, on, off, soft-off, cycle, pxe) on a hostlist of nodes."""
+    try:
+        what = PowerAction(action)
+    except ValueError:
+        choices = ", ".join(a.value for a in PowerAction)
+        raise InvalidInput(
+            f"action: unknown power action {action!r} (one of {choices})", field="action"
+        ) from None
+    names = expand_hostlist(body.nodes, "nodes")
+    op_id = await worker.start(request.app.state.runner, what, names, actor(token), body.reason)
+    return VerbResult(verb=f"power-{what.value}", nodes=[{"name": n, "status": "started"} for n in names],
+                      operation_id=op_id)  # fmt: skip
+
+
+@router.put("/nodes/bmc-password")
+def set_node_password(
+    body: PasswordRequest, request: Request, session: SessionDep, token: Admin
+) -> dict[str, Any]:
+    """Store the BMC password of nodes, encrypted; it is never returned."""
+    names = expand_hostlist(body.nodes, "nodes")
+    count = svc.set_node_password(
+        session, request.app.state.settings.state_dir, names, body.password, actor(token)
+    )
+    return {"updated": count}
+
+
+@router.put("/categories/{name}/bmc-password")
+def set_category_password(
+    body: CategoryPasswordRequest,
+    request: Request,
+    session: SessionDep,
+    token: Admin,
+    name: Annotated[str, Path(max_length=63)],
+) -> dict[str, Any]:
+    """Store the BMC password a category's nodes inherit, encrypted; it is never returned."""
+    svc.set_category_password(
+        session, request.app.state.settings.state_dir, name, body.password, actor(token)
+    )
+    return {"updated": 1}

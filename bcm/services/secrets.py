@@ -1,0 +1,50 @@
+"""Secrets at rest: Fernet (AES-128-CBC + HMAC-SHA256) with one key in the state directory (0600).
+
+Whoever can read the key file can read the secrets; the point is that a database dump, backup or
+replica alone reveals no BMC password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from bcm.errors import BcmError
+
+KEY_FILE = "secret.key"
+
+
+def key_path(state_dir: Path) -> Path:
+    return Path(state_dir) / KEY_FILE
+
+
+def _load_or_create(state_dir: Path) -> bytes:
+    path = key_path(state_dir)
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_bytes().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = Fernet.generate_key()
+    try:  # O_EXCL: two processes starting at once agree on one key
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes().strip()
+    with os.fdopen(fd, "wb") as f:
+        f.write(key + b"\n")
+    return key
+
+
+def encrypt(state_dir: Path, plain: str) -> str:
+    return Fernet(_load_or_create(state_dir)).encrypt(plain.encode()).decode()
+
+
+def decrypt(state_dir: Path, token: str) -> str:
+    try:
+        return Fernet(_load_or_create(state_dir)).decrypt(token.encode()).decode()
+    except InvalidToken:
+        raise BcmError(
+            f"a stored secret cannot be decrypted with {key_path(state_dir)} (was the key replaced?); "
+            "set the password again"
+        ) from None
