@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bcm.lab import Lab
 from bcm.lab.slurm import SlurmLab
 
 
@@ -38,26 +37,18 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2, help="fake GPUs per compute node")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bcm-bench-slurm-"))
-    labs: list[Lab] = []
-
-    def factory(n: int, keys: list[str], name: str, subnet: str) -> Lab:
-        lab = Lab(work / "lab", name, subnet=subnet)
-        labs.append(lab)
-        lab.up(n, keys)
-        return lab
-
     try:
-        figures = measure(work, factory, args)
+        figures = measure(work, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for line in figures:
         print(line)
 
 
-def measure(work: Path, factory: Any, args: argparse.Namespace) -> list[str]:
+def measure(work: Path, args: argparse.Namespace) -> list[str]:
     t0 = time.perf_counter()
     with SlurmLab.running(
-        factory, work, nodes=args.nodes, gpus_per_node=args.gpus, name="bcmbench", subnet="198.18.4.0/24"
+        work, nodes=args.nodes, gpus_per_node=args.gpus, name="bcmbench", subnet="198.18.4.0/24"
     ) as run:
         setup = time.perf_counter() - t0
         first = run.deploy()
