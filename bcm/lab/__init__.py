@@ -1,7 +1,7 @@
 """A real lab on one machine: SSH nodes in network namespaces on an isolated bridge (see LAB.md).
 
     from bcm.lab import Lab
-    lab = Lab(Path("/var/lib/bcm-lab"))          # bridge namespace "bcmlab", nodes node01...
+    lab = Lab(Path("/var/lib/bcm/lab/bcmlab"))   # bridge namespace "bcmlab", nodes node01...
     nodes = lab.up(8, authorized_keys=[pubkey])  # -> list[LabNode]; the head is 198.18.0.1
     lab.freeze("node03"); lab.thaw("node03")     # sshd hangs after connect, then recovers
     lab.rekey("node04")                          # the node's host key changes
