@@ -65,3 +65,9 @@ def wait(
         show_operation(op, False)
     if op["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+@app.command("cancel")
+def cancel(op_id: int, as_json: JsonOpt = False) -> None:
+    """Stop a running operation; its node locks are released and finished hosts keep their results."""
+    show_operation(client().post(f"/api/v1/operations/{op_id}/cancel"), as_json)

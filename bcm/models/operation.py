@@ -18,10 +18,12 @@ class OpState(StrEnum):
     SUCCEEDED = "succeeded"
     PARTIAL = "partial"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"  # its server stopped or died while it ran; per-node results kept
+    CANCELLED = "cancelled"  # stopped on request (`bcm op cancel`)
 
     @property
     def finished(self) -> bool:
-        return self in (OpState.SUCCEEDED, OpState.PARTIAL, OpState.FAILED)
+        return self not in (OpState.PENDING, OpState.RUNNING)
 
 
 class OperationBase(SQLModel):
@@ -41,6 +43,9 @@ class Operation(OperationBase, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False, index=True))
     started_at: datetime | None = Field(default=None, sa_column=ts_column())
     finished_at: datetime | None = Field(default=None, sa_column=ts_column())
+    # the server process running it, and when that process last said it is alive
+    runner: str | None = Field(default=None, max_length=128, index=True)
+    heartbeat_at: datetime | None = Field(default=None, sa_column=ts_column())
 
 
 class OperationPublic(OperationBase):

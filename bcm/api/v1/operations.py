@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+import anyio
+from fastapi import APIRouter, Path, Query, Request
+from sqlmodel import Session
 
-from bcm.api.deps import SessionDep, Viewer
+from bcm.api.deps import Operator, SessionDep, Viewer, actor
 from bcm.api.params import Offset, RowId
 from bcm.models.operation import OperationDetail, OperationPublic
 from bcm.services import operations as svc
@@ -32,3 +34,18 @@ def list_operations(
 @router.get("/{op_id}", response_model=OperationDetail)
 def get_operation(op_id: RowId, session: SessionDep, _t: Viewer) -> OperationDetail:
     return OperationDetail.model_validate(svc.get(session, op_id), from_attributes=True)
+
+
+@router.post("/{op_id}/cancel", response_model=OperationDetail)
+async def cancel_operation(
+    op_id: Annotated[int, Path(ge=1, le=2_147_483_647)], request: Request, token: Operator
+) -> OperationDetail:
+    """Stop an operation: it ends ``cancelled``, per-node results kept, its node locks released."""
+    await request.app.state.runner.cancel(op_id, actor(token))
+    engine = request.app.state.engine
+
+    def read() -> OperationDetail:
+        with Session(engine) as s:
+            return OperationDetail.model_validate(svc.get(s, op_id), from_attributes=True)
+
+    return await anyio.to_thread.run_sync(read)
