@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import agent, category, health, lab, node, op, token, user, wlm
+from cli import agent, category, health, lab, node, op, power, token, user, wlm
 from cli.client import CliError
 from cli.common import TokenOpt, UrlOpt, configure
 from cli.render import err
@@ -27,6 +27,7 @@ app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
 app.add_typer(agent.app, name="agent")
 app.add_typer(wlm.app, name="wlm")
+app.add_typer(power.app, name="power")
 node.app.command("token")(agent.node_token)
 
 

@@ -48,10 +48,11 @@ def _node_table(items: list[dict[str, Any]]) -> None:
                 iface.get("ip"),
                 n.get("gpu_count") or "",
                 n.get("wlm_state"),
+                n.get("power_state"),
                 (n.get("last_error") or "")[:60],
             )
         )
-    table(None, ["NAME", "STATE", "CATEGORY", "MAC", "IP", "GPUS", "WLM", "LAST ERROR"], rows)
+    table(None, ["NAME", "STATE", "CATEGORY", "MAC", "IP", "GPUS", "WLM", "POWER", "LAST ERROR"], rows)
 
 
 @app.command("list")
@@ -103,6 +104,8 @@ def show(name: str, as_json: JsonOpt = False) -> None:
             ("category", node["category"]),
             ("interfaces", iface),
             ("wlm", node["wlm_state"]),
+            ("power", node.get("power_state")),
+            ("bmc", " ".join(filter(None, [node.get("bmc_address"), node["effective"].get("bmc_protocol")])) or None),
             ("last error", node["last_error"]),
             *[(f"effective {k}", v) for k, v in node["effective"].items()],
             (

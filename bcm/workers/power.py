@@ -61,7 +61,8 @@ async def act(target: BmcTarget, action: PowerAction, call_limits: CallLimits) -
     driver = driver_for(target, call_limits)
     try:
         if action is PowerAction.STATUS:
-            return {"status": "ok", "power": (await driver.status()).value, "message": ""}
+            state = (await driver.status()).value
+            return {"status": "ok", "power": state, "message": f"power {state}"}
         if action is PowerAction.ON:
             await driver.on()
         elif action is PowerAction.OFF:

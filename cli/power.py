@@ -1,0 +1,97 @@
+"""`bcm power …`: switch nodes on, off, cycle them or boot them from the network, through their BMCs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from cli.client import CliError
+from cli.common import JsonOpt, client, follow
+from cli.render import out
+
+app = typer.Typer(help="Power control through the nodes' BMCs (IPMI or Redfish).", no_args_is_help=True)
+Nodes = Annotated[str, typer.Argument(help="node name or hostlist, e.g. gpu[01-16]")]
+
+
+def _read_password() -> str:
+    password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise CliError("no password on stdin")
+    return password
+
+
+@app.command("set")
+def set_bmc(
+    nodes: Nodes,
+    address: Annotated[
+        str | None, typer.Option(help="BMC address: host[:port], or http(s)://host[:port]")
+    ] = None,
+    protocol: Annotated[str | None, typer.Option(help="ipmi or redfish")] = None,
+    user: Annotated[str | None, typer.Option(help="BMC user")] = None,
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="read the BMC password from stdin")
+    ] = False,
+) -> None:
+    """Set nodes' BMC settings; the password is read from stdin, stored encrypted, never shown."""
+    body = {
+        k: v for k, v in {"bmc_address": address, "bmc_protocol": protocol, "bmc_user": user}.items() if v
+    }
+    c = client()
+    names = [n["name"] for n in c.get("/api/v1/nodes", nodes=nodes, limit=1000)["items"]]
+    if not names:
+        raise CliError(f"no nodes match {nodes}")
+    if body:
+        for name in names:
+            c.patch(f"/api/v1/nodes/{name}", body)
+    if password_stdin:
+        c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": nodes, "password": _read_password()})
+    out.print(f"updated {len(names)} node(s)")
+
+
+@app.command("set-category")
+def set_category(
+    name: str,
+    protocol: Annotated[str | None, typer.Option(help="ipmi or redfish")] = None,
+    user: Annotated[str | None, typer.Option(help="BMC user")] = None,
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="read the BMC password from stdin")
+    ] = False,
+) -> None:
+    """Set the BMC protocol, user and password that a category's nodes inherit."""
+    c = client()
+    body = {k: v for k, v in {"bmc_protocol": protocol, "bmc_user": user}.items() if v}
+    if body:
+        c.patch(f"/api/v1/categories/{name}", body)
+    if password_stdin:
+        c.request("PUT", f"/api/v1/categories/{name}/bmc-password", json={"password": _read_password()})
+    out.print(f"updated category {name}")
+
+
+def _action(action: str, help_text: str) -> None:
+    def command(
+        nodes: Nodes,
+        reason: Annotated[str | None, typer.Option(help="recorded with the action")] = None,
+        wait: Annotated[bool, typer.Option(help="follow the operation to its end")] = True,
+        as_json: JsonOpt = False,
+    ) -> None:
+        c = client()
+        res: dict[str, Any] = c.post(
+            f"/api/v1/nodes/actions/power-{action}", {"nodes": nodes, "reason": reason}
+        )
+        follow(c, res["operation_id"], wait=wait, as_json=as_json)
+
+    command.__doc__ = help_text
+    app.command(action)(command)
+
+
+for _a, _h in [
+    ("status", "Read the power state from each node's BMC."),
+    ("on", "Power nodes on."),
+    ("off", "Power nodes off at once (no shutdown)."),
+    ("soft-off", "Ask nodes' operating systems to shut down (ACPI)."),
+    ("cycle", "Power nodes off and on again (on, if they were off)."),
+    ("pxe", "Boot nodes from the network once: next boot PXE, then power on or cycle."),
+]:
+    _action(_a, _h)
