@@ -44,6 +44,7 @@ def up(
     gpus: Annotated[
         int, typer.Option(help="simulated H100s per node (nvidia-smi, Slurm devices, NVML for the agent)")
     ] = 2,
+    vms: Annotated[int, typer.Option(help="qemu VMs, each behind a simulated BMC (IPMI and Redfish in turn)")] = 0,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
     state_dir: StateDir = None,
@@ -63,7 +64,7 @@ def up(
     keys = [c.get("/api/v1/ssh/public-key")["public_key"]] if c else []
     lab = _lab(state_dir, name, subnet)
     try:
-        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True)
+        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True, vms=vms)
     except LabError as exc:
         raise CliError(exc.message) from None
     if not accounting.mariadb_installed():
@@ -92,6 +93,10 @@ def up(
                 },
             )
         err.print(f"registered {len(lab_nodes)} node(s) with {c.url}")
+        if vms:
+            from cli.power import register_lab_vms
+
+            register_lab_vms(c, lab.state_dir, category)
     _show(lab_nodes, as_json)
 
 

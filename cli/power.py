@@ -95,3 +95,24 @@ for _a, _h in [
     ("pxe", "Boot nodes from the network once: next boot PXE, then power on or cycle."),
 ]:
     _action(_a, _h)
+
+
+def register_lab_vms(c: Any, lab_state_dir: Any, category: str | None) -> None:
+    """Register `bcm lab up --vms` machines with their BMC settings (replacing earlier labs' records)."""
+    from bcm.lab import vm
+
+    vms = vm.load(lab_state_dir)
+    names = ",".join(v.name for v in vms)
+    if names and c.get("/api/v1/nodes", nodes=names, limit=1000)["items"]:
+        c.delete("/api/v1/nodes", nodes=names)
+    for v in vms:
+        c.post(
+            "/api/v1/nodes",
+            {"name": v.name, "mac": v.mac, "category": category, "bmc_address": v.bmc.address,
+             "bmc_protocol": v.bmc.kind, "bmc_user": v.bmc.user},
+        )  # fmt: skip
+        c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": v.name, "password": v.bmc.password})
+    out.print(
+        f"registered {len(vms)} VM(s) with their BMCs: "
+        + ", ".join(f"{v.name} {v.bmc.kind} {v.bmc.address}" for v in vms)
+    )

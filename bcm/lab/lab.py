@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bcm.lab import accounting, fakegpu, net, procs, rootfs
+from bcm.lab import accounting, fakegpu, net, procs, rootfs, vm
 from bcm.lab.errors import LabError
 from bcm.lab.node import (
     LabNode,
@@ -92,7 +92,9 @@ class Lab:
         """The head node's provisioning address (on ``host_if`` in the host namespace)."""
         return str(net.head_address(self.subnet))
 
-    def up(self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False) -> list[LabNode]:
+    def up(
+        self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False, vms: int = 0
+    ) -> list[LabNode]:
         """Clean any leftovers, then start n nodes that accept the given public keys as root.
 
         ``gpus``: each node gets that many simulated H100s (nvidia-smi, character devices for Slurm,
@@ -112,6 +114,8 @@ class Lab:
                     fakegpu.install(node, gpus)
                 if slurm:
                     self._prepare_slurm(nodes)
+                if vms:
+                    vm.up(self.state_dir, self.netns, self.subnet, vms)
                 return nodes
             except BaseException:
                 self._teardown()
@@ -368,6 +372,7 @@ class Lab:
             for sub in self._nodes_dir.iterdir():
                 remove_dirs(NodeDirs(sub))
             self._nodes_dir.rmdir()
+        vm.remove(self.state_dir)  # VMs and their BMCs (bcm/lab/vm.py)
         self._state_file.unlink(missing_ok=True)
 
     def _reap(self) -> None:

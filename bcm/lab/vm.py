@@ -1,0 +1,122 @@
+"""Lab VMs: qemu machines on the lab bridge, each behind its own simulated BMC.
+
+VM i is ``vm<i>``: a tap ``tapvm<i>`` on br0, and a BMC on ``<subnet>.<200+i>`` (an address on br0
+in the bridge namespace) — odd VMs get an IPMI BMC (ipmi_sim, UDP 623), even ones a Redfish BMC
+(sushy-tools, TCP 8000). The BMC owns the VM's power: "on" is the qemu process running (TCG, paused
+with ``-S``: power tests need no guest OS, and two cores must not spin on emulated CPUs).
+Everything runs in the bridge namespace, so the lab's teardown (every process in its namespaces)
+takes the BMCs and the VMs with it; ``vms.json`` in the lab's state directory records them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from bcm.lab import bmc, net, procs
+from bcm.lab.errors import LabError
+
+FIRST_BMC_HOST = 200
+MAX_VMS = 8
+BMC_USER = "admin"
+PORTS = {"ipmi": 623, "redfish": 8000}
+
+
+@dataclass
+class LabVm:
+    name: str
+    index: int
+    mac: str
+    tap: str
+    bmc: bmc.BmcSpec
+    bmc_pid: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "index": self.index, "mac": self.mac, "tap": self.tap,
+                "bmc": self.bmc.to_dict(), "bmc_pid": self.bmc_pid}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> LabVm:
+        spec = bmc.BmcSpec(**d["bmc"])  # type: ignore[arg-type]
+        return cls(str(d["name"]), int(d["index"]), str(d["mac"]), str(d["tap"]), spec, d.get("bmc_pid"))  # type: ignore[arg-type,call-overload]
+
+
+def vm_mac(index: int) -> str:
+    return f"52:54:00:1a:{index >> 8:02x}:{index & 0xFF:02x}"
+
+
+def qemu_argv(name: str, tap: str, mac: str) -> list[str]:
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        raise LabError("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
+    return [
+        qemu, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", "64", "-smp", "1",
+        "-nodefaults", "-no-user-config", "-display", "none", "-serial", "none", "-monitor", "none",
+        "-S", "-boot", "{boot}",
+        "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
+        "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
+    ]  # fmt: skip
+
+
+def up(state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int) -> list[LabVm]:
+    """Make ``count`` VMs (powered off) with their BMCs listening; records them in ``vms.json``."""
+    if not 0 <= count <= MAX_VMS:
+        raise LabError(f"a lab has 0 to {MAX_VMS} VMs, not {count}")
+    vms: list[LabVm] = []
+    for i in range(1, count + 1):
+        kind = "ipmi" if i % 2 else "redfish"
+        name, tap = f"vm{i:02d}", f"tapvm{i}"
+        address = subnet.network_address + FIRST_BMC_HOST + i
+        if address not in subnet or address == subnet.broadcast_address:
+            raise LabError(f"no room for the BMC of {name} in {subnet}")
+        spec = bmc.BmcSpec(kind, name, str(address), PORTS[kind], BMC_USER, secrets.token_urlsafe(12),
+                           str(state_dir / "vms" / name))  # fmt: skip
+        vms.append(LabVm(name, i, vm_mac(i), tap, spec))
+    _save(state_dir, vms)
+    for vm in vms:
+        procs.run(
+            ["ip", "-n", netns, "-batch", "-"],
+            stdin=(
+                f"tuntap add dev {vm.tap} mode tap\n"
+                f"link set {vm.tap} master {net.BRIDGE} up\n"
+                f"addr add {vm.bmc.listen}/{subnet.prefixlen} dev {net.BRIDGE}\n"
+            ),
+        )
+        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac))
+        vm.bmc_pid = bmc.start(vm.bmc, netns=netns, mac=vm.mac).pid
+        _save(state_dir, vms)
+    return vms
+
+
+def load(state_dir: Path) -> list[LabVm]:
+    try:
+        data = json.loads((state_dir / "vms.json").read_text())
+    except FileNotFoundError:
+        return []
+    except json.JSONDecodeError as exc:
+        raise LabError(f"{state_dir / 'vms.json'} is corrupt; run `down` to clean up") from exc
+    return [LabVm.from_dict(d) for d in data]
+
+
+def remove(state_dir: Path) -> None:
+    """After the lab's processes are gone: stop any VM that outlived its BMC, drop the files."""
+    try:
+        vms = load(state_dir)
+    except LabError:
+        vms = []
+    for vm in vms:
+        bmc.stop(vm.bmc_pid, vm.bmc.dir)
+    shutil.rmtree(state_dir / "vms", ignore_errors=True)
+    (state_dir / "vms.json").unlink(missing_ok=True)
+
+
+def _save(state_dir: Path, vms: list[LabVm]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / "vms.json.tmp"
+    tmp.write_text(json.dumps([vm.to_dict() for vm in vms], indent=2) + "\n")
+    tmp.chmod(0o600)  # holds the lab BMCs' passwords
+    tmp.replace(state_dir / "vms.json")
