@@ -261,14 +261,18 @@ async def deploy(
     )
     client = ssh.SshClient.from_settings(settings)
     limit = asyncio.Semaphore(settings.ssh.concurrency)
+    # record() reads, merges and writes the operation's results: one at a time, or a result is lost
+    recording = asyncio.Lock()
 
     async def one(plan: _Plan) -> None:
         async with limit:
             result = await _deploy_one(client, plan, spec, bundle)
         entry = await anyio.to_thread.run_sync(_settle, engine, plan, result, actor)
-        await anyio.to_thread.run_sync(record, {plan.name: entry})
+        async with recording:
+            await anyio.to_thread.run_sync(record, {plan.name: entry})
 
     try:
         await asyncio.gather(*(one(p) for p in plans))
     finally:
-        await anyio.to_thread.run_sync(record, {}, True)
+        async with recording:
+            await anyio.to_thread.run_sync(record, {}, True)
