@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -11,13 +12,17 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import NullPool
 from sqlmodel import Session, create_engine
 
 from bcm.settings import DbSettings
 
+log = logging.getLogger("bcm.db")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -116,11 +121,42 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest migration (idempotent)."""
-    cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    """Bring the schema to the newest migration (idempotent), every step in one transaction.
+
+    A crash half-way (kill -9, power loss) leaves the schema as it was before: the next start runs
+    the same steps again. pysqlite would commit each DDL statement by itself, so on SQLite the
+    transaction is driven here on a connection of its own.
+    """
+    url = engine.url.render_as_string(hide_password=False)
+    cfg = alembic_config(url)
+    migrator = _transactional_sqlite(url) if engine.dialect.name == "sqlite" else engine
+    try:
+        with migrator.begin() as conn:
+            cfg.attributes["connection"] = conn
+            current = MigrationContext.configure(conn).get_current_heads()
+            script = ScriptDirectory.from_config(cfg)
+            pending = [r.revision for r in script.iterate_revisions("heads", current or "base")]
+            for revision in reversed(pending):
+                log.info("schema: applying migration %s", revision)
+                command.upgrade(cfg, revision)
+    finally:
+        if migrator is not engine:
+            migrator.dispose()
+
+
+def _transactional_sqlite(url: str) -> Engine:
+    """A SQLite engine whose transactions include DDL (BEGIN issued here, not by pysqlite)."""
+    engine = create_engine(url, poolclass=NullPool, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_transactions(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
 
 
 @contextmanager
