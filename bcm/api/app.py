@@ -17,9 +17,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from bcm import __version__, db_errors
-from bcm.api import metrics
+from bcm.api import metrics, responses
 from bcm.api.boot import agent as boot_agent
 from bcm.api.limits import AuthFailures, BodyLimits
+from bcm.api.responses import ERRORS
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
@@ -111,6 +112,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         BodyLimits, max_body_bytes=settings.http.max_body_bytes, max_json_depth=settings.http.max_json_depth
     )
     app.add_exception_handler(BcmError, _bcm_error)
+    responses.install(app)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(SQLAlchemyError, _database_error)
     app.add_exception_handler(OSError, _database_error)  # ENOSPC: 507; anything else a JSON 500
@@ -136,10 +138,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     from bcm.api.v1 import power
 
-    app.include_router(power.router, prefix="/api/v1")  # before nodes: /nodes/actions/power-* is its own
+    app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
-        app.include_router(module.router, prefix="/api/v1")
-    app.include_router(tokens.users, prefix="/api/v1")
-    app.include_router(boot_agent.router)  # POST /boot/v1/agent/report (node tokens only)
-    app.include_router(metrics.router)  # GET /metrics (viewer+)
+        app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
+    app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
+    app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
+    app.include_router(metrics.router, responses=ERRORS)  # GET /metrics (viewer+)
     return app

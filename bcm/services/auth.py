@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from bcm.errors import Duplicate, Forbidden, InvalidInput, NotFound, Unauthorized
+from bcm.errors import Conflict, Duplicate, Forbidden, InvalidInput, NotFound, Unauthorized
 from bcm.models.auth import ApiToken, Role, TokenPublic, User, UserCreate, UserPublic
 from bcm.models.base import utcnow
 
@@ -72,10 +72,12 @@ def list_tokens(session: Session, include_revoked: bool = False) -> list[ApiToke
     return list(session.exec(stmt.order_by(col(ApiToken.id))))
 
 
-def revoke(session: Session, token_id: int) -> ApiToken:
+def revoke(session: Session, token_id: int, caller: ApiToken | None = None) -> ApiToken:
     row = session.get(ApiToken, token_id)
     if row is None or row.node_id is not None:
         raise NotFound(f"token {token_id} not found")
+    if caller is not None and row.id == caller.id:
+        raise Conflict("a token cannot revoke itself (that would lock its holder out); use another admin token")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         session.add(row)
@@ -115,9 +117,11 @@ def create_user(session: Session, spec: UserCreate) -> User:
     return user
 
 
-def delete_user(session: Session, name: str) -> None:
+def delete_user(session: Session, name: str, caller: ApiToken | None = None) -> None:
     """Remove a user; their tokens go with them (and stop working at once)."""
     user = get_user(session, name)
+    if caller is not None and caller.user_id == user.id:
+        raise Conflict(f"user {name!r} owns the token of this request; remove them with another admin's token")
     for token in session.exec(select(ApiToken).where(ApiToken.user_id == user.id)):
         session.delete(token)
     session.delete(user)

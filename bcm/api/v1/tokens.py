@@ -30,7 +30,7 @@ def create_token(spec: TokenCreate, session: SessionDep, token: Admin) -> TokenC
 
 @router.delete("/{token_id}", response_model=TokenPublic)
 def revoke_token(token_id: RowId, session: SessionDep, token: Admin) -> TokenPublic:
-    row = svc.revoke(session, token_id)
+    row = svc.revoke(session, token_id, token)
     events.record(session, actor(token), "token.revoke", row.name)
     return svc.token_public(session, row)
 
@@ -52,6 +52,6 @@ def create_user(spec: UserCreate, session: SessionDep, token: Admin) -> UserPubl
 
 @users.delete("/{name}")
 def delete_user(name: str, session: SessionDep, token: Admin) -> dict[str, str]:
-    svc.delete_user(session, name)
+    svc.delete_user(session, name, token)
     events.record(session, actor(token), "user.delete", name, "their tokens are revoked")
     return {"deleted": name}
