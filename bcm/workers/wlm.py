@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -61,27 +60,28 @@ def _controller(engine: Engine, name: str, port: int) -> Target:
 async def start_deploy(runner: Any, req: SlurmDeployRequest, actor: str) -> WlmStarted:
     """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background."""
     engine, settings = runner.engine, runner.settings
-    owner = f"op-{uuid.uuid4().hex[:12]}"
 
     def begin() -> tuple[int, list[str]]:
         with session_scope(engine) as s:
             row = svc.plan_slurm(s, req, actor)
             ctl = svc.controller_target(s, row)[0]
             hosts = list(dict.fromkeys([ctl, *expand_hostlist(row.nodes)]))
-            node_svc.acquire_locks(s, hosts, owner)
+            op = op_svc.create(s, "wlm.deploy", fold_hostlist(hosts), len(hosts), actor)
+            assert op.id is not None
+            # owned by the operation: an interrupted or cancelled deploy releases them with it
+            node_svc.acquire_locks(s, hosts, op_svc.lock_owner(op.id))
             svc.store_storage_pass(
                 settings.state_dir,
                 req.name,
                 req.storage_pass.get_secret_value() if req.storage_pass else None,
             )
-            op = op_svc.create(s, "wlm.deploy", fold_hostlist(hosts), len(hosts), actor)
             op.log = f"deploy slurm cluster {row.name}: controller {ctl}, nodes {row.nodes} by {actor}\n"
             row.last_deploy_op = op.id
             s.add(row)
-            assert op.id is not None
             return op.id, hosts
 
     op_id, hosts = await anyio.to_thread.run_sync(begin)
+    owner = op_svc.lock_owner(op_id)
     _spawn(runner, _guard(engine, op_id, hosts, owner, req.name, _deploy(runner, op_id, req, actor)))
     return WlmStarted(cluster=req.name, operation_id=op_id)
 
