@@ -436,9 +436,14 @@ def acquire_locks(session: Session, names: list[str], owner: str, ttl_s: float =
     """Take the per-node lock for every named node in one statement; LockHeld if any is taken."""
     nodes = get_many(session, names)
     now = utcnow()
-    ids = [n.id for n in nodes]
+    ids = sorted(n.id for n in nodes if n.id is not None)
     claimed = 0
     for chunk in _chunks(ids):
+        # row locks in id order first (PostgreSQL; a no-op on SQLite): two operations over
+        # overlapping nodes then wait for each other instead of deadlocking
+        session.execute(
+            select(Node.id).where(col(Node.id).in_(chunk)).order_by(col(Node.id)).with_for_update()
+        )
         result = session.execute(
             update(Node)
             .where(col(Node.id).in_(chunk))

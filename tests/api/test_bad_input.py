@@ -85,6 +85,9 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ),
     ("bad-power-action", "POST", "/api/v1/nodes/actions/power-sideways", {"nodes": "keep1"}, 422, "action"),
     ("power-bad-hostlist", "POST", "/api/v1/nodes/actions/power-on", {"nodes": "gpu[01-"}, 422, "nodes"),
+    ("cancel-op-not-a-number", "POST", "/api/v1/operations/abc/cancel", None, 422, "op_id"),
+    ("cancel-op-zero", "POST", "/api/v1/operations/0/cancel", None, 422, "op_id"),
+    ("cancel-op-too-big", "POST", "/api/v1/operations/99999999999999999999/cancel", None, 422, "op_id"),
 ]
 
 
