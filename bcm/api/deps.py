@@ -39,10 +39,12 @@ async def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> AsyncIt
     waits for a connection.
     """
     session = Session(engine, expire_on_commit=False)
-    inline = engine.dialect.name == "sqlite"
+    sqlite = engine.dialect.name == "sqlite"
 
     async def run(fn: Callable[[], None]) -> None:
-        if inline:
+        # inline only when nothing is left to flush: a flush could wait for the write turn, and
+        # waiting on the event loop would stall the very commits that end other turns
+        if sqlite and not (session.new or session.dirty or session.deleted):
             fn()
             return
         with anyio.CancelScope(shield=True):  # a cancelled request still gives its connection back
