@@ -30,6 +30,7 @@ from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
 from bcm.db import session_scope
 from bcm.domain.health_report import HealthReport
+from bcm.lab.fakegpu import RECORDED_NVML
 from bcm.models.health import HealthSample
 from bcm.models.node import NodeBulkCreate
 from bcm.server import prepare
@@ -37,7 +38,7 @@ from bcm.services import health, health_queries, nodes
 from bcm.settings import Settings
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "nvml" / "h100_sxm_565.json"
+FIXTURE = RECORDED_NVML / "h100_sxm_565.json"
 
 
 def template(gpus: int) -> dict[str, Any]:

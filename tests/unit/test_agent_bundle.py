@@ -9,8 +9,9 @@ import zipfile
 from pathlib import Path
 
 from bcm.agent.bundle import AGENT_MODULES, build_bundle
+from bcm.lab.fakegpu import RECORDED_NVML
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
+DATA = RECORDED_NVML
 
 
 def write_bundle(tmp_path: Path) -> Path:

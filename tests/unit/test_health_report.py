@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +13,10 @@ from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
 from bcm.domain.health import evaluate
 from bcm.domain.health_report import HealthReport
+from bcm.lab.fakegpu import RECORDED_NVML
 from tests.paths import set_path
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "nvml"
+DATA = RECORDED_NVML
 
 
 def collected(fixture: str = "h100_sxm_565.json") -> dict[str, Any]:
