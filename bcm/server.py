@@ -40,5 +40,11 @@ def serve(settings: Settings) -> None:
     log.info("bcm serving on http://%s:%s, database %s", settings.host, settings.port, db)
     app = create_app(settings, engine)
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=uvicorn_level, access_log=False
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=uvicorn_level,
+        access_log=False,
+        # a request line may carry a long hostlist (8192 characters, percent-encoded up to 3 bytes each)
+        h11_max_incomplete_event_size=64 * 1024,
     )

@@ -1,41 +1,64 @@
 """Benchmark: GPU health ingest and summary queries at 10,000 nodes × 8 GPUs, SQLite and PostgreSQL.
 
-For each backend: registers the nodes, then every node reports once (warm-up: the rows are created),
-then every node reports again, timed; each report is parsed and validated from its JSON bytes, judged
-and stored in its own transaction, in one thread (one core). Beside it, a raw insert of the same
-sample rows (8 per transaction, plain executemany, no parsing or rules) shows what the database alone
-costs. Then the
-summary query (``GET /api/v1/health``) is timed in-process and over HTTP (the ASGI app in-process).
+In-process mode (``--mode inproc``), for each backend: registers the nodes, then every node reports once
+(warm-up: the rows are created), then every node reports again, timed; each report is parsed and
+validated from its JSON bytes, judged and stored in its own transaction, in one thread (one core).
+Beside it, a raw insert of the same sample rows (8 per transaction, plain executemany, no parsing or
+rules) shows what the database alone costs. Then the summary query (``GET /api/v1/health``) is timed
+in-process and over HTTP (the ASGI app in-process).
 
-Goals (printed, never asserted): >= 1,000 node-reports/s on PostgreSQL; summary p99 < 100 ms at 10k nodes.
-Usage: .venv/bin/python bench/health.py [--nodes 10000] [--gpus 8] [--queries 200] [--backends sqlite,postgresql]
+HTTP mode (``--mode http``), for each backend: starts a real ``bcm serve`` on 127.0.0.1 with a fresh
+database, registers the nodes through the API (addresses from 198.18.0.0/15, never contacted), issues
+each node its agent token, then ``--agents`` concurrent agents (asyncio + httpx, in ``--client-procs``
+processes) POST the nodes' reports to ``/boot/v1/agent/report`` with the node tokens: every node once
+(warm-up), then ``--reports`` reports timed (default 3 x nodes), each round bounded by ``--duration``.
+Prints reports/s, latency p50/p99, non-2xx answers, CPU used by server and clients, and the raw insert
+of the same rows measured against the same database in the same run.
+
+Goals (printed, never asserted): >= 1,000 node-reports/s on PostgreSQL; summary p99 < 100 ms at 10k
+nodes; over HTTP at 50 agents: PostgreSQL >= 1,000 reports/s with p99 < 250 ms, SQLite >= 300/s, no errors.
+Usage: .venv/bin/python bench/health.py [--nodes 10000] [--gpus 8] [--queries 200]
+    [--backends sqlite,postgresql] [--mode inproc,http] [--agents 50] [--reports N] [--duration 60]
+    [--client-procs 1] [--server-env BCM_DB__THREADS=64 ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import copy
 import json
+import multiprocessing as mp
+import os
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid as uuidlib
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from common import pct
 from sqlalchemy import create_engine, insert, text
+from sqlalchemy.engine import Engine
 
 from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
-from bcm.db import session_scope
+from bcm.agent.reporter import REPORT_PATH
+from bcm.db import make_engine, session_scope
+from bcm.devserver import Server
 from bcm.domain.health_report import HealthReport
 from bcm.lab.fakegpu import RECORDED_NVML
 from bcm.models.health import HealthSample
 from bcm.models.node import NodeBulkCreate
 from bcm.server import prepare
 from bcm.services import health, health_queries, nodes
-from bcm.settings import Settings
+from bcm.settings import DbSettings, Settings
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 FIXTURE = RECORDED_NVML / "h100_sxm_565.json"
@@ -53,15 +76,39 @@ def template(gpus: int) -> dict[str, Any]:
     return rep
 
 
-def bodies(names: list[str], tmpl: dict[str, Any]) -> list[bytes]:
+def bodies(names: list[str], tmpl: dict[str, Any], start: int = 0) -> list[bytes]:
+    """One report per node; ``start`` is the first node's index (GPU UUIDs are unique per index)."""
     out = []
-    for n, name in enumerate(names):
+    for n, name in enumerate(names, start):
         rep = copy.deepcopy(tmpl)
         rep["hostname"] = name
         for g in rep["gpus"]:
             g["uuid"] = f"GPU-{uuidlib.UUID(int=n * 64 + g['index'])}"
         out.append(json.dumps(rep).encode())
     return out
+
+
+def raw_insert(engine: Engine, node_ids: list[int], gpus: int) -> float:
+    """Seconds to insert ``gpus`` sample rows per node, one transaction per node, nothing else."""
+    from bcm.models.base import utcnow
+
+    now = utcnow()
+    rows: list[list[dict[str, Any]]] = [
+        [
+            {"node_id": node_id, "uuid": f"raw-{node_id}-{i}", "gpu_index": i, "time": now, "verdict": "OK",
+             "temperature_c": 30, "power_draw_w": 100.0, "utilization_gpu_pct": 0, "memory_used_mib": 1,
+             "ecc_sbe_volatile": 0, "ecc_dbe_volatile": 0, "xid": None}
+            for i in range(gpus)
+        ]
+        for node_id in node_ids
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    for batch in rows:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # as ingest does: no wait for the WAL flush
+                conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+            conn.execute(insert(HealthSample), batch)
+    return time.perf_counter() - t0
 
 
 def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, float]:
@@ -87,26 +134,7 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
     warm_s = ingest_round()
     timed_s = ingest_round()
 
-    # raw: the same 8 sample rows per node, one transaction each, nothing else
-    from bcm.models.base import utcnow
-
-    now = utcnow()
-    rows: list[list[dict[str, Any]]] = [
-        [
-            {"node_id": ids[name], "uuid": f"raw-{ids[name]}-{i}", "gpu_index": i, "time": now, "verdict": "OK",
-             "temperature_c": 30, "power_draw_w": 100.0, "utilization_gpu_pct": 0, "memory_used_mib": 1,
-             "ecc_sbe_volatile": 0, "ecc_dbe_volatile": 0, "xid": None}
-            for i in range(gpus)
-        ]
-        for name in names
-    ]  # fmt: skip
-    t0 = time.perf_counter()
-    for batch in rows:
-        with engine.begin() as conn:
-            if conn.dialect.name == "postgresql":  # as ingest does: no wait for the WAL flush
-                conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
-            conn.execute(insert(HealthSample), batch)
-    raw_s = time.perf_counter() - t0
+    raw_s = raw_insert(engine, [ids[name] for name in names], gpus)
 
     lat_in: list[float] = []
     for _ in range(queries):
@@ -142,38 +170,320 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
     }
 
 
+# --- over HTTP: a real `bcm serve`, agents posting reports ------------------------------------------
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, all cores (Linux /proc/stat)."""
+    cpu = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = cpu[3] + cpu[4]
+    return sum(cpu) - idle, sum(cpu)
+
+
+async def _issue_tokens(url: str, admin: str, names: list[str], concurrency: int) -> dict[str, str]:
+    """One agent token per node (``POST /api/v1/nodes/{name}/token``), a bounded number at a time."""
+    limit = asyncio.Semaphore(concurrency)
+    tokens: dict[str, str] = {}
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=60, trust_env=False
+    ) as client:
+
+        async def one(name: str) -> None:
+            async with limit:
+                r = await client.post(f"/api/v1/nodes/{name}/token")
+                r.raise_for_status()
+                tokens[name] = r.json()["token"]
+
+        await asyncio.wait_for(asyncio.gather(*(one(n) for n in names)), timeout=60 + len(names) * 0.5)
+    return tokens
+
+
+async def _agents(
+    url: str, jobs: list[tuple[str, bytes]], agents: int, count: int | None, duration_s: float
+) -> dict[str, Any]:
+    """``agents`` concurrent agents, each posting the reports of its own nodes (a node is only ever
+    posted by one agent, one report at a time, as on a real cluster), round-robin over them.
+
+    ``count=None``: every node reports exactly once (the warm-up). Otherwise ``count`` reports in all.
+    Bounded by ``duration_s`` in any case (and every request by its timeout).
+    """
+    agents = max(1, min(agents, len(jobs)))
+    slices = [jobs[k::agents] for k in range(agents)]
+    deadline = time.monotonic() + duration_s
+    sent = 0
+    lat: list[float] = []
+    statuses: Counter[int] = Counter()
+    failures: Counter[str] = Counter()
+    samples: list[str] = []
+    # one client (one keep-alive connection) per agent, as real agents have: a shared pool of 50
+    # connections costs the client O(connections) per request in httpcore's pool bookkeeping
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+
+    async def agent(mine: list[tuple[str, bytes]]) -> None:
+        nonlocal sent
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30, trust_env=False) as client:
+            for k in range(len(mine) if count is None else 1 << 62):
+                if time.monotonic() >= deadline or (count is not None and sent >= count):
+                    return
+                sent += 1
+                token, body = mine[k % len(mine)]
+                headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+                t = time.perf_counter()
+                try:
+                    r = await client.post(REPORT_PATH, content=body, headers=headers)
+                except httpx.HTTPError as exc:
+                    failures[type(exc).__name__] += 1
+                    continue
+                lat.append((time.perf_counter() - t) * 1000)
+                statuses[r.status_code] += 1
+                if not 200 <= r.status_code < 300 and len(samples) < 5:
+                    samples.append(f"{r.status_code} {r.text[:300]}")
+
+    t0 = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(agent(m) for m in slices)), timeout=duration_s + 60)
+    elapsed = time.perf_counter() - t0
+    return {
+        "lat": lat,
+        "statuses": dict(statuses),
+        "failures": dict(failures),
+        "samples": samples,
+        "elapsed": elapsed,
+    }
+
+
+def _client_proc(
+    url: str, tokens: list[str], start: int, gpus: int, agents: int, count: int, duration_s: float,
+    barrier: Any, out: Any,
+) -> None:  # fmt: skip
+    """One client process: its own slice of nodes (indices ``start``...), warm-up round, timed round."""
+    # httpcore tries `import sniffio` on every request; where it is not installed that is a failed
+    # search of sys.path each time, a real share of the client's CPU. None here makes it fail at once.
+    sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
+    names = [f"gpu{i:05d}" for i in range(start + 1, start + len(tokens) + 1)]
+    jobs = list(zip(tokens, bodies(names, template(gpus), start), strict=True))
+    wait = duration_s + 120
+    barrier.wait(timeout=wait)  # everyone set up
+    warm = asyncio.run(_agents(url, jobs, agents, None, duration_s))
+    barrier.wait(timeout=wait)  # everyone warmed up: the timed round starts together
+    cpu0 = time.process_time()
+    timed = asyncio.run(_agents(url, jobs, agents, count, duration_s))
+    timed["cpu_s"] = time.process_time() - cpu0
+    out.put({"warm": warm, "timed": timed})
+
+
+def http_run(
+    label: str, url: str, n: int, gpus: int, agents: int, reports: int, duration_s: float, procs: int,
+    server_env: dict[str, str] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """A real `bcm serve` on ``url``: register ``n`` nodes, a token each, then agents post reports."""
+    tmp = Path(tempfile.mkdtemp(prefix="bcm-bench-health-http-"))
+    srv = Server(
+        tmp / "state",
+        database_url=url,
+        # every request is from 127.0.0.1: one brake for all agents (it counts failures only, but a
+        # token mistake in the bench must show as 401s, not as 429s for every agent behind it)
+        extra_env={
+            "BCM_LOG_LEVEL": "warning",
+            "BCM_HTTP__AUTH_FAILURES_PER_MINUTE": "100000",
+            **(server_env or {}),
+        },
+    )
+    srv.start()
+    assert srv.proc is not None
+    print(
+        f"[{label} HTTP] bcm serve pid {srv.proc.pid} on {srv.url} (to profile: py-spy record --pid ...)",
+        flush=True,
+    )
+    engine = None
+    try:
+        admin = httpx.Client(
+            base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}, timeout=120, trust_env=False
+        )
+        # node addresses from 198.18.0.0/15 (benchmark range); registered, never contacted
+        r = admin.post("/api/v1/nodes/bulk", json={"nodes": f"gpu[00001-{n:05d}]", "ip": "198.18.16.1"})
+        assert r.status_code == 201, r.text
+        engine = make_engine(url, DbSettings())
+        with engine.begin() as conn:  # in service, as the in-process mode (a FAIL would ask for a drain)
+            conn.execute(text("UPDATE node SET provision_state = 'ready'"))
+            ids: dict[str, int] = {str(a): int(b) for a, b in conn.execute(text("SELECT name, id FROM node"))}
+        names = [f"gpu{i:05d}" for i in range(1, n + 1)]
+        t0 = time.perf_counter()
+        tokens = asyncio.run(_issue_tokens(srv.url, srv.token(), names, 8))
+        token_s = time.perf_counter() - t0
+
+        procs = max(1, min(procs, agents, n))
+        per = -(-n // procs)
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(procs + 1)
+        out = ctx.Queue()
+        children = []
+        for p in range(procs):
+            start = p * per
+            mine = names[start : start + per]
+            if not mine:
+                continue
+            share = agents // procs + (p < agents % procs)
+            child = ctx.Process(
+                target=_client_proc,
+                args=(srv.url, [tokens[x] for x in mine], start, gpus, share, -(-reports // procs), duration_s,
+                      barrier, out),
+                daemon=True,
+            )  # fmt: skip
+            child.start()
+            children.append(child)
+        wait = duration_s + 180
+        barrier.wait(timeout=wait)
+        t_warm = time.perf_counter()
+        barrier.wait(timeout=wait)
+        warm_s = time.perf_counter() - t_warm
+        print(
+            f"[{label} HTTP] {n} tokens in {token_s:.1f} s; warm-up round {warm_s:.1f} s; timed round...",
+            flush=True,
+        )
+        cpu_srv0, busy0 = _cpu_ticks(srv.proc.pid), _machine_busy()
+        t_timed = time.perf_counter()
+        results = [out.get(timeout=wait) for _ in children]
+        timed_s = time.perf_counter() - t_timed
+        cpu_srv = (_cpu_ticks(srv.proc.pid) - cpu_srv0) / os.sysconf("SC_CLK_TCK")
+        busy1 = _machine_busy()
+        for child in children:
+            child.join(timeout=30)
+
+        def merged(phase: str) -> tuple[list[float], Counter[int], Counter[str], list[str]]:
+            lat: list[float] = []
+            st: Counter[int] = Counter()
+            fails: Counter[str] = Counter()
+            samples: list[str] = []
+            for res in results:
+                lat += res[phase]["lat"]
+                st.update({int(k): v for k, v in res[phase]["statuses"].items()})
+                fails.update(res[phase]["failures"])
+                samples += res[phase]["samples"]
+            return lat, st, fails, samples
+
+        warm_lat, warm_st, warm_f, warm_samples = merged("warm")
+        lat, st, fails, samples = merged("timed")
+        ok = sum(v for k, v in st.items() if 200 <= k < 300)
+        bad = sum(v for k, v in st.items() if not 200 <= k < 300)
+        warm_ok = sum(v for k, v in warm_st.items() if 200 <= k < 300)
+        client_cpu = sum(res["timed"]["cpu_s"] for res in results)
+        busy_pct = 100 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
+        print(
+            f"[{label} HTTP] warm-up {warm_ok}/{n} ok; "
+            f"timed: {ok + bad} answers, statuses {dict(sorted(st.items()))}, transport errors {dict(fails)}"
+        )
+        for text_ in (warm_samples + samples)[:5]:
+            print(f"[{label} HTTP] non-2xx sample: {text_}")
+        if warm_f:
+            print(f"[{label} HTTP] warm-up transport errors: {dict(warm_f)}")
+        print(
+            f"[{label} HTTP] CPU during the timed round: server process {cpu_srv:.1f} s, "
+            f"client processes {client_cpu:.1f} s, over {timed_s:.1f} s wall; "
+            f"machine busy {busy_pct:.0f}% of {os.cpu_count()} cores"
+        )
+        raw_s = raw_insert(engine, [ids[x] for x in names], gpus)
+        return {
+            "HTTP reports/s (2xx, steady)": ok / timed_s,
+            "HTTP warm-up reports/s (rows created)": warm_ok / warm_s,
+            "HTTP p50 ms": statistics.median(lat) if lat else float("nan"),
+            "HTTP p99 ms": pct(lat, 99) if lat else float("nan"),
+            "HTTP non-2xx answers": float(bad + sum(warm_st.values()) - warm_ok),
+            "HTTP transport errors": float(sum(fails.values()) + sum(warm_f.values())),
+            "raw insert, same rows, reports/s": n / raw_s,
+        }
+    finally:
+        if engine is not None:
+            engine.dispose()
+        srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def database(backend: str) -> Iterator[tuple[str, str]]:
+    """A fresh database for one run: a new SQLite file, or a new PostgreSQL schema (dropped after)."""
+    if backend == "sqlite":
+        folder = tempfile.mkdtemp(prefix="bcm-bench-sqlite-")
+        try:
+            yield "SQLite", f"sqlite:///{folder}/bcm.db"
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    elif backend == "postgresql":
+        schema = f"bench_{uuidlib.uuid4().hex[:10]}"
+        admin = create_engine(PG_URL)
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        try:
+            yield "PostgreSQL", f"{PG_URL}?options=-csearch_path%3D{schema}"
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+            admin.dispose()
+    else:
+        raise SystemExit(f"unknown backend {backend!r}")
+
+
+def table(title: str, results: dict[str, dict[str, float]], goals: str) -> None:
+    labels = list(next(iter(results.values())))
+    print(f"\n{title}")
+    print(f"{'':40}" + "".join(f"{b:>14}" for b in results))
+    for label in labels:
+        print(f"{label:40}" + "".join(f"{results[b][label]:>14.1f}" for b in results))
+    print(goals)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--backends", default="sqlite,postgresql")
+    ap.add_argument("--mode", default="inproc,http", help="inproc, http or both (comma-separated)")
+    ap.add_argument("--agents", type=int, default=50, help="http: concurrent agents")
+    ap.add_argument("--reports", type=int, default=0, help="http: reports in the timed round (0: 3 x nodes)")
+    ap.add_argument("--duration", type=float, default=60.0, help="http: bound on each round, seconds")
+    ap.add_argument("--client-procs", type=int, default=1, help="http: client processes the agents share")
+    ap.add_argument(
+        "--server-env", action="append", default=[], metavar="BCM_X=V", help="http: extra server settings"
+    )
     args = ap.parse_args()
-    results: dict[str, dict[str, float]] = {}
+    server_env = dict(kv.split("=", 1) for kv in args.server_env)
+    if bad := [k for k in server_env if not k.startswith("BCM_")]:
+        raise SystemExit(f"--server-env takes BCM_* settings only: {bad}")
+    modes = args.mode.split(",")
+    if unknown := set(modes) - {"inproc", "http"}:
+        raise SystemExit(f"unknown mode {sorted(unknown)}")
+    inproc: dict[str, dict[str, float]] = {}
+    over_http: dict[str, dict[str, float]] = {}
     for backend in args.backends.split(","):
-        if backend == "sqlite":
-            url = f"sqlite:///{tempfile.mkdtemp(prefix='bcm-bench-sqlite-')}/bcm.db"
-            results["SQLite"] = run("SQLite", url, args.nodes, args.gpus, args.queries)
-        elif backend == "postgresql":
-            schema = f"bench_{uuidlib.uuid4().hex[:10]}"
-            admin = create_engine(PG_URL)
-            with admin.begin() as conn:
-                conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-            try:
-                url = f"{PG_URL}?options=-csearch_path%3D{schema}"
-                results["PostgreSQL"] = run("PostgreSQL", url, args.nodes, args.gpus, args.queries)
-            finally:
-                with admin.begin() as conn:
-                    conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-                admin.dispose()
-        else:
-            raise SystemExit(f"unknown backend {backend!r}")
-    labels = list(next(iter(results.values())))
-    print(f"\nGPU health: {args.nodes} nodes x {args.gpus} GPUs, one thread (one core)")
-    print(f"{'':38}" + "".join(f"{b:>14}" for b in results))
-    for label in labels:
-        print(f"{label:38}" + "".join(f"{results[b][label]:>14.1f}" for b in results))
-    print("goals: >= 1000 node-reports/s on PostgreSQL (steady); summary p99 < 100 ms at 10k nodes")
+        if "inproc" in modes:
+            with database(backend) as (label, url):
+                inproc[label] = run(label, url, args.nodes, args.gpus, args.queries)
+        if "http" in modes:
+            with database(backend) as (label, url):
+                over_http[label] = http_run(
+                    label, url, args.nodes, args.gpus, args.agents, args.reports or 3 * args.nodes,
+                    args.duration, args.client_procs, server_env,
+                )  # fmt: skip
+    if inproc:
+        table(
+            f"GPU health, in-process: {args.nodes} nodes x {args.gpus} GPUs, one thread (one core)",
+            inproc,
+            "goals: >= 1000 node-reports/s on PostgreSQL (steady); summary p99 < 100 ms at 10k nodes",
+        )
+    if over_http:
+        table(
+            f"GPU health over HTTP (bcm serve): {args.nodes} nodes x {args.gpus} GPUs, {args.agents} agents "
+            f"in {args.client_procs} client process(es), {os.cpu_count()} cores shared by server, database "
+            "and clients" + (f"; server env {server_env}" if server_env else ""),
+            over_http,
+            "goals: PostgreSQL >= 1000 node-reports/s and p99 < 250 ms at 50 agents; SQLite >= 300/s, no errors",
+        )
 
 
 if __name__ == "__main__":

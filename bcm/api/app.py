@@ -138,7 +138,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     from bcm.api.v1 import power
 
-    app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
+    app.include_router(
+        power.router, prefix="/api/v1", responses=ERRORS
+    )  # before nodes: /nodes/actions/power-* is its own
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)

@@ -14,14 +14,15 @@ thousands of GPUs, shard scrapes with ``?nodes=<hostlist>``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bcm.api.deps import SessionDep, Viewer
+from bcm.api.params import HostlistQuery
 from bcm.models.health import GpuHealth, NodeHealth
 from bcm.services import health_queries as q
 
@@ -104,11 +105,20 @@ class HealthCollector(Collector):
         yield from (verdict, last, drained)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def metrics(
     session: SessionDep,
     _t: Viewer,
-    nodes: Annotated[str | None, Query(max_length=65535, description="only these nodes (hostlist)")] = None,
+    nodes: HostlistQuery = None,
 ) -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HealthCollector(q.metric_rows(session, nodes), q.node_metric_rows(session, nodes)))

@@ -2,12 +2,57 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
 from fastapi import Path, Query
+from pydantic import BeforeValidator
 
-from bcm.models.base import INT32_MAX, Timestamp
+from bcm.domain.bounds import EARLIEST, INT32_MAX, LATEST
 
 Offset = Annotated[int, Query(ge=0, le=INT32_MAX)]
-Since = Annotated[Timestamp | None, Query(description="ISO 8601 time, e.g. 2026-01-31T12:00:00Z")]
 RowId = Annotated[int, Path(ge=1, le=INT32_MAX)]
+# names in paths: the same rule as stored names (RFC 1123 label), so odd input never reaches a query
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+Name = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
+# a hostlist in a query string: short enough for any HTTP server's request line (POST bodies take more)
+# (the characters of the hostlist grammar only: bcm.domain.naming refuses anything else, `@group` included)
+HOSTLIST_PATTERN = r"^[A-Za-z0-9_.,/\[\]-]+$"
+HostlistQuery = Annotated[
+    str | None,
+    Query(min_length=1, max_length=8192, pattern=HOSTLIST_PATTERN, description="hostlist, e.g. gpu[01-16]"),
+]
+
+
+# free text in a query string: no control characters (NUL reaches no database; escapes reach terminals)
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def text_query(max_length: int, description: str | None = None) -> Any:
+    """A string filter in a query string, bounded by its column and free of control characters."""
+    return Query(max_length=max_length, pattern=PRINTABLE_PATTERN, description=description)
+
+
+def _since(value: object) -> object:
+    """An ISO 8601 time only (not a bare number); a filter's time is clamped to what the database stores."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or "-" not in value or len(value) > 64:
+        raise ValueError("give an ISO 8601 time, e.g. 2026-01-31T12:00:00Z")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError("give an ISO 8601 time, e.g. 2026-01-31T12:00:00Z") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=EARLIEST.tzinfo)
+    try:
+        return min(max(parsed, EARLIEST), LATEST)
+    except OverflowError:  # a zone offset pushing past year 1 or 9999
+        return EARLIEST if parsed.year < 5000 else LATEST
+
+
+Since = Annotated[
+    datetime | None,
+    BeforeValidator(_since),
+    Query(description="ISO 8601 time, e.g. 2026-01-31T12:00:00Z (earlier or later times are clamped)"),
+]

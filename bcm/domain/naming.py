@@ -124,7 +124,9 @@ def expand_hostlist(pattern: str, field: str = "nodes") -> list[str]:
 
 
 def fold_hostlist(names: list[str]) -> str:
-    """The compact hostlist of some names (``gpu[01-16]``)."""
+    """The compact hostlist of some names (``gpu[01-16]``); names that are not node names are listed as given."""
+    if not all(isinstance(n, str) and _NAME_RE.fullmatch(n) for n in names):
+        return ",".join(_shown(n) for n in names[:20]) + (",..." if len(names) > 20 else "")
     return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP)) if names else ""
 
 

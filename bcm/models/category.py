@@ -43,15 +43,6 @@ class Category(CategoryBase, table=True):
     bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
 
 
-def _check_policy(policy: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A category's health thresholds must be ones the rules know, with sane values."""
-    if policy:
-        from bcm.domain.health import Thresholds
-
-        Thresholds().merged(policy)  # raises InvalidInput (a ValueError) naming the bad key
-    return policy
-
-
 class CategoryCreate(CategoryBase):
     name: str = Field(max_length=63)
     health_policy: HealthPolicy | None = None

@@ -43,7 +43,7 @@ FAILING_SHOWN = 100
 def parse_verdict(value: str | None, field: str = "verdict") -> str | None:
     if value is None:
         return None
-    upper = value.upper()
+    upper = value.upper() if value.isascii() else value  # ASCII only, as VERDICT_PATTERN documents it
     if upper not in VERDICTS:
         raise InvalidInput(f"{field}: unknown verdict {value!r} (one of {', '.join(VERDICTS)})", field=field)
     return upper

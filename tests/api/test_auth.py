@@ -66,7 +66,7 @@ def test_bootstrap_token_file_is_private(settings: Any, api: Any) -> None:
     assert settings.admin_token_file.read_text().startswith("bcm_")
 
 
-PUBLIC = {"/healthz"}
+PUBLIC = {"/healthz", "/readyz"}  # probes: they reveal nothing but up/ready
 
 
 def routes(api: Any) -> list[tuple[str, str]]:

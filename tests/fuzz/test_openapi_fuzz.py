@@ -20,8 +20,11 @@ from tests.conftest import pg_schema
 pytestmark = pytest.mark.integration
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+CONFIG = Path(__file__).with_name("schemathesis.toml")
 # operations that reach other machines (SSH, BMCs) or start background work against them
-EXCLUDED = r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
+EXCLUDED = (
+    r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
+)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -46,7 +49,7 @@ def test_no_server_errors_and_every_answer_documented(server: Server, tmp_path: 
     seeded = server.cli("node", "add", "gpu[01-04]", "--mac", "52:54:00:00:00:01", "--ip", "198.18.0.11")
     assert seeded.returncode == 0, seeded.stderr
     cmd = [
-        str(SCHEMATHESIS), "run", f"{server.url}/openapi.json",
+        str(SCHEMATHESIS), "--config-file", str(CONFIG), "run", f"{server.url}/openapi.json",
         "--checks", "all",
         "--max-examples", "15",
         "--max-time", "240",

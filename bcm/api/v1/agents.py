@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, Field
 
 from bcm.api.deps import Admin, SessionDep, actor
+from bcm.api.params import Name
 from bcm.db import session_scope
 from bcm.domain.naming import expand_hostlist, fold_hostlist
 from bcm.errors import InvalidInput
@@ -39,7 +40,7 @@ class AgentDeployStarted(BaseModel):
 
 
 @router.post("/nodes/{name}/token", response_model=NodeTokenCreated, status_code=status.HTTP_201_CREATED)
-def node_token(name: str, session: SessionDep, token: Admin) -> NodeTokenCreated:
+def node_token(name: Name, session: SessionDep, token: Admin) -> NodeTokenCreated:
     """A fresh agent token for the node; the old one stops working at once."""
     row, secret = svc.issue_node_token(session, name, actor(token))
     return NodeTokenCreated(node=name, prefix=row.prefix, token=secret)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, status
 
 from bcm.api.deps import Operator, SessionDep, Viewer, actor
+from bcm.api.params import Name
 from bcm.models.category import CategoryCreate, CategoryPublic, CategoryUpdate
 from bcm.services import categories as svc
 
@@ -24,16 +25,16 @@ def create_category(spec: CategoryCreate, session: SessionDep, token: Operator) 
 
 
 @router.get("/{name}", response_model=CategoryPublic)
-def get_category(name: str, session: SessionDep, _t: Viewer) -> CategoryPublic:
+def get_category(name: Name, session: SessionDep, _t: Viewer) -> CategoryPublic:
     return svc.get_public(session, name)
 
 
 @router.patch("/{name}", response_model=CategoryPublic)
-def update_category(name: str, spec: CategoryUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
+def update_category(name: Name, spec: CategoryUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
     return svc.to_public(svc.update_category(session, name, spec, actor(token)))
 
 
 @router.delete("/{name}")
-def delete_category(name: str, session: SessionDep, token: Operator) -> dict[str, Any]:
+def delete_category(name: Name, session: SessionDep, token: Operator) -> dict[str, Any]:
     svc.delete(session, name, actor(token))
     return {"deleted": name}

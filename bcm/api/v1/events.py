@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from bcm.api.deps import SessionDep, Viewer
-from bcm.api.params import Offset, Since
+from bcm.api.params import Offset, Since, text_query
 from bcm.models.event import EventPublic
 from bcm.services import events as svc
 
@@ -19,8 +19,8 @@ def list_events(
     session: SessionDep,
     _t: Viewer,
     since: Since = None,
-    action: str | None = None,
-    target: str | None = None,
+    action: Annotated[str | None, text_query(64)] = None,
+    target: Annotated[str | None, text_query(4096)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
 ) -> list[EventPublic]:

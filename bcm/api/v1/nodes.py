@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlmodel import Field, Session, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
-from bcm.api.params import Offset
+from bcm.api.params import HOSTLIST_PATTERN, HostlistQuery, Name, Offset, text_query
 from bcm.domain.naming import expand_hostlist
 from bcm.models.node import (
     NodeBulkCreate,
@@ -25,16 +25,16 @@ from bcm.services import nodes as svc
 from bcm.services import trust
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
-NamePath = Annotated[str, "node name"]
+NamePath = Name
 
 
 @router.get("", response_model=NodePage)
 def list_nodes(
     session: SessionDep,
     _t: Viewer,
-    state: str | None = None,
-    category: Annotated[str | None, Query(max_length=63)] = None,
-    nodes: Annotated[str | None, Query(max_length=65535, description="hostlist, e.g. gpu[01-16]")] = None,
+    state: Annotated[str | None, text_query(16)] = None,
+    category: Annotated[str | None, text_query(63)] = None,
+    nodes: HostlistQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
 ) -> NodePage:
@@ -57,7 +57,11 @@ def bulk_create(spec: NodeBulkCreate, session: SessionDep, token: Operator) -> l
 
 @router.delete("")
 def delete_nodes(
-    session: SessionDep, token: Admin, nodes: Annotated[str, Query(max_length=65535)]
+    session: SessionDep,
+    token: Admin,
+    nodes: Annotated[
+        str, Query(min_length=1, max_length=8192, pattern=HOSTLIST_PATTERN, description="hostlist")
+    ],
 ) -> dict[str, Any]:
     names = svc.delete(session, expand_hostlist(nodes), actor(token))
     return {"deleted": names}

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 from sqlmodel import Session
 
 from bcm.api.deps import Operator, SessionDep, Viewer, actor
-from bcm.api.params import Offset, RowId
+from bcm.api.params import Offset, RowId, text_query
 from bcm.models.operation import OperationDetail, OperationPublic
 from bcm.services import operations as svc
 
@@ -20,8 +20,8 @@ router = APIRouter(prefix="/operations", tags=["operations"])
 def list_operations(
     session: SessionDep,
     _t: Viewer,
-    kind: str | None = None,
-    state: str | None = None,
+    kind: Annotated[str | None, text_query(32)] = None,
+    state: Annotated[str | None, text_query(16)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Offset = 0,
 ) -> list[OperationPublic]:
