@@ -78,6 +78,21 @@ class PxeSettings(BaseModel):
     server_url: str | None = None
 
 
+def _default_recipes_dir() -> Path:
+    """The recipes beside the source tree (``images/`` of the checkout bcm runs from)."""
+    return Path(__file__).resolve().parents[1] / "images"
+
+
+class ImagesSettings(BaseModel):
+    """Image recipes, the layer cache, published versions and serving."""
+
+    recipes_dir: Path = Field(default_factory=_default_recipes_dir)
+    cache_dir: Path = Path("/var/cache/bcm/images")  # layer trees keyed by content; outside the state dir
+    keep_versions: int = Field(default=3, ge=1, le=1000)  # ready versions kept per image (current always)
+    build_timeout_s: float = Field(default=7200.0, gt=0, le=86400)
+    max_transfers: int = Field(default=16, ge=1, le=4096)  # concurrent artifact downloads; more get 503
+
+
 class Settings(BaseSettings):
     """Everything configurable about the head-node server and the CLI."""
 
@@ -94,6 +109,7 @@ class Settings(BaseSettings):
     db: DbSettings = DbSettings()
     power: PowerSettings = PowerSettings()
     http: HttpSettings = HttpSettings()
+    images: ImagesSettings = ImagesSettings()
 
     @property
     def effective_database_url(self) -> str:
@@ -105,6 +121,11 @@ class Settings(BaseSettings):
     @property
     def admin_token_file(self) -> Path:
         return self.state_dir / "admin.token"
+
+    @property
+    def images_dir(self) -> Path:
+        """Published image versions, ``<name>/<version>/``, and ``.staging/`` for builds in progress."""
+        return self.state_dir / "images"
 
     @property
     def ssh_key_file(self) -> Path:

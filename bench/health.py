@@ -31,11 +31,14 @@ import copy
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Iterator
@@ -265,16 +268,21 @@ def _client_proc(
     # httpcore tries `import sniffio` on every request; where it is not installed that is a failed
     # search of sys.path each time, a real share of the client's CPU. None here makes it fail at once.
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
-    names = [f"gpu{i:05d}" for i in range(start + 1, start + len(tokens) + 1)]
-    jobs = list(zip(tokens, bodies(names, template(gpus), start), strict=True))
-    wait = duration_s + 120
-    barrier.wait(timeout=wait)  # everyone set up
-    warm = asyncio.run(_agents(url, jobs, agents, None, duration_s))
-    barrier.wait(timeout=wait)  # everyone warmed up: the timed round starts together
-    cpu0 = time.process_time()
-    timed = asyncio.run(_agents(url, jobs, agents, count, duration_s))
-    timed["cpu_s"] = time.process_time() - cpu0
-    out.put({"warm": warm, "timed": timed})
+    try:
+        names = [f"gpu{i:05d}" for i in range(start + 1, start + len(tokens) + 1)]
+        jobs = list(zip(tokens, bodies(names, template(gpus), start), strict=True))
+        wait = duration_s + 120
+        barrier.wait(timeout=wait)  # everyone set up
+        warm = asyncio.run(_agents(url, jobs, agents, None, duration_s))
+        barrier.wait(timeout=wait)  # everyone warmed up: the timed round starts together
+        cpu0 = time.process_time()
+        timed = asyncio.run(_agents(url, jobs, agents, count, duration_s))
+        timed["cpu_s"] = time.process_time() - cpu0
+        out.put({"warm": warm, "timed": timed})
+    except BaseException:
+        barrier.abort()  # the parent and the other clients stop waiting at once
+        out.put({"error": traceback.format_exc()})
+        raise
 
 
 def http_run(
@@ -286,13 +294,10 @@ def http_run(
     srv = Server(
         tmp / "state",
         database_url=url,
-        # every request is from 127.0.0.1: one brake for all agents (it counts failures only, but a
-        # token mistake in the bench must show as 401s, not as 429s for every agent behind it)
-        extra_env={
-            "BCM_LOG_LEVEL": "warning",
-            "BCM_HTTP__AUTH_FAILURES_PER_MINUTE": "100000",
-            **(server_env or {}),
-        },
+        # the server's defaults otherwise; note that all agents share one address (127.0.0.1), so the
+        # failed-auth brake (BCM_HTTP__AUTH_FAILURES_PER_MINUTE) would answer 429 to all of them after
+        # a few bad tokens: look for 401s among the samples first
+        extra_env={"BCM_LOG_LEVEL": "warning", **(server_env or {})},
     )
     srv.start()
     assert srv.proc is not None
@@ -301,6 +306,7 @@ def http_run(
         flush=True,
     )
     engine = None
+    children: list[Any] = []
     try:
         admin = httpx.Client(
             base_url=srv.url, headers={"Authorization": f"Bearer {srv.token()}"}, timeout=120, trust_env=False
@@ -317,30 +323,45 @@ def http_run(
         tokens = asyncio.run(_issue_tokens(srv.url, srv.token(), names, 8))
         token_s = time.perf_counter() - t0
 
-        procs = max(1, min(procs, agents, n))
-        per = -(-n // procs)
+        per = -(-n // max(1, min(procs, agents, n)))
+        parts = [(start, names[start : start + per]) for start in range(0, n, per)]
         ctx = mp.get_context("spawn")
-        barrier = ctx.Barrier(procs + 1)
+        barrier = ctx.Barrier(len(parts) + 1)
         out = ctx.Queue()
-        children = []
-        for p in range(procs):
-            start = p * per
-            mine = names[start : start + per]
-            if not mine:
-                continue
-            share = agents // procs + (p < agents % procs)
+        for p, (start, mine) in enumerate(parts):
+            share = agents // len(parts) + (p < agents % len(parts))
             child = ctx.Process(
                 target=_client_proc,
-                args=(srv.url, [tokens[x] for x in mine], start, gpus, share, -(-reports // procs), duration_s,
-                      barrier, out),
+                args=(srv.url, [tokens[x] for x in mine], start, gpus, share, -(-reports // len(parts)),
+                      duration_s, barrier, out),
                 daemon=True,
             )  # fmt: skip
             child.start()
             children.append(child)
         wait = duration_s + 180
-        barrier.wait(timeout=wait)
-        t_warm = time.perf_counter()
-        barrier.wait(timeout=wait)
+        finished = threading.Event()
+
+        def watchdog() -> None:  # a client that dies (before its own try, say) must not leave us waiting
+            while not finished.wait(0.5):
+                if any(c.exitcode not in (None, 0) for c in children):
+                    barrier.abort()
+                    return
+
+        threading.Thread(target=watchdog, daemon=True).start()
+
+        def failure() -> RuntimeError:
+            errors = [f"exit codes {[c.exitcode for c in children]}"]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    errors.append(out.get(timeout=2).get("error", ""))
+            return RuntimeError("a client process failed: " + "\n".join(errors))
+
+        try:
+            barrier.wait(timeout=wait)
+            t_warm = time.perf_counter()
+            barrier.wait(timeout=wait)
+        except threading.BrokenBarrierError:
+            raise failure() from None
         warm_s = time.perf_counter() - t_warm
         print(
             f"[{label} HTTP] {n} tokens in {token_s:.1f} s; warm-up round {warm_s:.1f} s; timed round...",
@@ -348,7 +369,19 @@ def http_run(
         )
         cpu_srv0, busy0 = _cpu_ticks(srv.proc.pid), _machine_busy()
         t_timed = time.perf_counter()
-        results = [out.get(timeout=wait) for _ in children]
+        results: list[dict[str, Any]] = []
+        give_up = time.monotonic() + wait
+        while len(results) < len(children) and time.monotonic() < give_up:
+            try:
+                results.append(out.get(timeout=1))
+            except queue.Empty:
+                if any(c.exitcode not in (None, 0) for c in children):
+                    raise failure() from None
+        finished.set()
+        if len(results) < len(children) or any("error" in r for r in results):
+            raise RuntimeError(
+                "a client process failed or timed out: " + "\n".join(r.get("error", "") for r in results)
+            )
         timed_s = time.perf_counter() - t_timed
         cpu_srv = (_cpu_ticks(srv.proc.pid) - cpu_srv0) / os.sysconf("SC_CLK_TCK")
         busy1 = _machine_busy()
@@ -398,6 +431,10 @@ def http_run(
             "raw insert, same rows, reports/s": n / raw_s,
         }
     finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+                child.join(timeout=10)
         if engine is not None:
             engine.dispose()
         srv.stop()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+import time
+from typing import Annotated, Any
 
 import typer
 
+from cli.client import CliError
 from cli.common import JsonOpt, client, show_operation, wait_operation
 from cli.render import emit_json, table
 
@@ -46,9 +49,37 @@ def list_ops(
 
 
 @app.command("show")
-def show(op_id: int, as_json: JsonOpt = False) -> None:
-    """One operation with per-node results."""
-    show_operation(client().get(f"/api/v1/operations/{op_id}"), as_json)
+def show(
+    op_id: int,
+    as_json: JsonOpt = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream the log until the operation ends")] = False,
+    timeout: Annotated[float, typer.Option(help="with --follow: give up after this many seconds")] = 7200,
+) -> None:
+    """One operation with per-node results; ``--follow`` streams its log as it grows."""
+    c = client()
+    op = c.get(f"/api/v1/operations/{op_id}")
+    if follow and not as_json:
+        op = _stream_log(c, op_id, op, timeout)
+    show_operation(op, as_json)
+
+
+def _stream_log(c: Any, op_id: int, op: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Print the log of an operation as it grows until the operation ends (bounded by ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    shown = 0
+    while True:
+        log = op.get("log") or ""
+        if len(log) < shown:  # the log was cut in the middle: go on from its new end
+            shown = 0
+        sys.stdout.write(log[shown:])
+        sys.stdout.flush()
+        shown = len(log)
+        if op["state"] not in ("pending", "running"):
+            return op
+        if time.monotonic() > deadline:
+            raise CliError(f"operation {op_id} still {op['state']} after {timeout_s:.0f}s")
+        time.sleep(0.5)
+        op = c.get(f"/api/v1/operations/{op_id}")
 
 
 @app.command("wait")

@@ -138,12 +138,14 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     from bcm.api.v1 import power
 
-    app.include_router(
-        power.router, prefix="/api/v1", responses=ERRORS
-    )  # before nodes: /nodes/actions/power-* is its own
-    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm):
+    app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
+    from bcm.api.boot import images as boot_images
+    from bcm.api.v1 import images
+
+    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
     app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(metrics.router, responses=ERRORS)  # GET /metrics (viewer+)
+    app.include_router(boot_images.router, responses=ERRORS)  # GET /boot/v1/images/… (no token, no secrets)
     return app

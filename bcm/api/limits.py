@@ -133,9 +133,7 @@ class BodyLimits:
     async def _read(self, scope: Scope, receive: Receive) -> bytes:
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                raise PayloadTooLarge(
-                    f"body of {int(value)} bytes exceeds the limit of {self.max_body_bytes}"
-                )
+                raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of {self.max_body_bytes}")
         chunks, size = [], 0
         while True:
             message = await receive()

@@ -5,7 +5,7 @@ from bcm.models.category import Category
 from bcm.models.event import Event
 from bcm.models.gpu import Gpu
 from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
-from bcm.models.image import Image
+from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
 from bcm.models.wlm import WlmCluster
@@ -19,6 +19,7 @@ __all__ = [
     "HealthEvent",
     "HealthSample",
     "Image",
+    "ImageArtifact",
     "Interface",
     "Node",
     "NodeHealth",

@@ -66,7 +66,8 @@ def test_bootstrap_token_file_is_private(settings: Any, api: Any) -> None:
     assert settings.admin_token_file.read_text().startswith("bcm_")
 
 
-PUBLIC = {"/healthz", "/readyz"}  # probes: they reveal nothing but up/ready
+# probes reveal nothing but up/ready; boot artifacts are what PXE clients fetch (images hold no secrets)
+PUBLIC = {"/healthz", "/readyz", "/boot/v1/images/{name}/{version}/{filename}"}
 
 
 def routes(api: Any) -> list[tuple[str, str]]:

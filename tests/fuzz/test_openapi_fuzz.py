@@ -1,8 +1,8 @@
 """schemathesis against the live OpenAPI of a real `bcm serve` (SQLite and PostgreSQL), every check on.
 
 Bounded: a fixed number of examples per operation and a time budget. Operations that would reach out
-over SSH or to BMCs (trust, inventory/provision verbs, agent and Slurm deploys, power actions) are
-left out: they are covered by the lab tests against real sshd, Slurm and BMC emulators.
+over SSH, to BMCs or to Debian mirrors (trust, inventory/provision verbs, agent and Slurm deploys, power
+actions, image builds) are left out: lab tests cover them against real sshd, Slurm, BMC emulators, mmdebstrap.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.integration
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 CONFIG = Path(__file__).with_name("schemathesis.toml")
-# operations that reach other machines (SSH, BMCs) or start background work against them
+# operations that reach other machines (SSH, BMCs, Debian mirrors) or start background work against them
 EXCLUDED = (
-    r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
+    r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|images/build|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
 )
 
 
