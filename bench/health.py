@@ -161,6 +161,7 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
             lat_http.append((time.perf_counter() - t0) * 1000)
             assert r.status_code == 200, r.text
     engine.dispose()
+    shutil.rmtree(state, ignore_errors=True)
     return {
         "warm-up reports/s (rows created)": n / warm_s,
         "steady reports/s (rows updated)": n / timed_s,

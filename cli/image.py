@@ -106,3 +106,42 @@ def remove(
     """Remove an image (or one version); refused while a node or category uses it."""
     res = client().delete(f"/api/v1/images/{name}", **({"version": version} if version else {}))
     emit_json(res) if as_json else out.print(f"removed {name} version(s) {', '.join(res['removed'])}")
+
+
+@app.command("push")
+def push(
+    image: Annotated[str, typer.Argument(help="image name")],
+    nodes: Annotated[str, typer.Argument(help="hostlist, e.g. gpu[01-16]")],
+    version: Annotated[str | None, typer.Option(help="version to push (default: the current one)")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="write to the nodes (default: a dry run)")] = False,
+    wait: Annotated[bool, typer.Option(help="follow the push to its end")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Sync an image version onto running nodes (rsync); a dry run that changes nothing unless --apply."""
+    c = client()
+    started = c.post(f"/api/v1/images/{image}/push", {"nodes": nodes, "version": version, "apply": apply})
+    if not as_json:
+        mode = "writing to" if apply else "dry run (nothing changes; --apply to write) on"
+        out.print(f"pushing {started['name']} version {started['version']}: {mode} {started['nodes']} node(s) "
+                  f"(operation {started['operation_id']})")  # fmt: skip
+    follow(c, started["operation_id"], wait=wait, as_json=as_json, show=_show_push)
+
+
+def _show_push(op: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(op)
+        return
+    rows = []
+    for name, r in sorted((op.get("results") or {}).items()):
+        if r.get("status") == "ok":
+            sample = (r.get("sample") or [""])[0]
+            detail = f"{'would change' if r.get('dry_run') else 'changed'} {r.get('changed', 0)}"
+            if r.get("bytes") is not None:
+                detail += f", {_size(r['bytes'])}"
+            detail += f"; e.g. {sample}" if sample else ""
+        else:
+            detail = r.get("message") or r.get("error") or ""
+        rows.append((name, r.get("status"), r.get("changed", ""), detail))
+    table(f"operation {op['id']} {op['kind']}: {op['state']}", ["NODE", "RESULT", "CHANGED", "DETAIL"], rows)
+    if op.get("error"):
+        out.print(f"[red]{op['error']}[/red]")

@@ -26,20 +26,26 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = re.compile(rb"[^\[\]{}]")
+_STRINGS = re.compile(rb'"[^"]*"')  # after escapes are gone, a string is quote … quote
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
 # C0 controls, DEL and C1 controls (ANSI escapes start with ESC or CSI)
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def json_depth(body: bytes) -> int:
-    """The deepest nesting of arrays/objects in a JSON text, without parsing it."""
-    brackets = _NOT_BRACKETS.sub(b"", _STRINGS.sub(b"", body))
+    """The deepest nesting of arrays/objects in a JSON text, without parsing it.
+
+    Escaped backslashes and quotes go first, then everything but quotes and brackets (C speed), so the
+    string-skipping regex and the count run over a few hundred bytes instead of the whole body.
+    """
+    kept = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    brackets = _STRINGS.sub(b"", kept)
     depth = deepest = 0
     for b in brackets:
         if b in (0x5B, 0x7B):  # [ {
             depth += 1
-            deepest = max(deepest, depth)
+            if depth > deepest:
+                deepest = depth
         else:
             depth -= 1
     return deepest

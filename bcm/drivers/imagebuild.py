@@ -572,7 +572,7 @@ def _pack(
     log("bcm: rootfs.squashfs: mksquashfs (zstd)")
     argv = [
         "mksquashfs", str(tree), str(staging / ARTIFACT_FILES["rootfs"]),
-        "-comp", "zstd", "-noappend", "-no-progress", "-quiet", "-wildcards",
+        "-comp", "zstd", "-Xcompression-level", "3", "-noappend", "-no-progress", "-quiet", "-wildcards",
         "-e", *SQUASHFS_EXCLUDE,
     ]  # fmt: skip
     _run(argv, what="mksquashfs", log=log, timeout_s=deadline.left("mksquashfs"))

@@ -10,7 +10,7 @@ from sqlmodel import Session, col, select
 from bcm.errors import Conflict, Duplicate, NotFound
 from bcm.models.category import Category, CategoryCreate, CategoryPublic, CategoryUpdate
 from bcm.models.node import Node
-from bcm.services import events
+from bcm.services import events, images
 
 
 def get(session: Session, name: str) -> Category:
@@ -23,7 +23,7 @@ def get(session: Session, name: str) -> Category:
 def create(session: Session, spec: CategoryCreate, actor: str) -> Category:
     if session.exec(select(Category).where(Category.name == spec.name)).first() is not None:
         raise Duplicate(f"name: category {spec.name!r} already exists", field="name")
-    cat = Category(**_columns(spec, spec.model_dump()))
+    cat = Category(**_columns(session, spec, spec.model_dump()))
     session.add(cat)
     events.record(session, actor, "category.create", spec.name)
     session.flush()
@@ -32,7 +32,7 @@ def create(session: Session, spec: CategoryCreate, actor: str) -> Category:
 
 def update_category(session: Session, name: str, spec: CategoryUpdate, actor: str) -> Category:
     cat = get(session, name)
-    for field, value in _columns(spec, spec.model_dump(exclude_unset=True)).items():
+    for field, value in _columns(session, spec, spec.model_dump(exclude_unset=True)).items():
         setattr(cat, field, value)
     session.add(cat)
     events.record(session, actor, "category.update", name, ", ".join(sorted(spec.model_fields_set)))
@@ -40,8 +40,10 @@ def update_category(session: Session, name: str, spec: CategoryUpdate, actor: st
     return cat
 
 
-def _columns(spec: CategoryCreate | CategoryUpdate, values: dict[str, Any]) -> dict[str, Any]:
+def _columns(session: Session, spec: CategoryCreate | CategoryUpdate, values: dict[str, Any]) -> dict[str, Any]:
     """Column values from a validated spec: the health policy stored as only the keys it sets."""
+    if "image" in values:
+        images.check_reference(session, values["image"])
     if "health_policy" in values:
         values["health_policy"] = spec.health_policy.stored() if spec.health_policy else None
     return values
@@ -89,5 +91,5 @@ def seed_defaults(session: Session) -> None:
     """On an empty category table, create the stock categories (as BCM ships ``default``)."""
     if session.exec(select(Category)).first() is None:
         for spec in SEED:
-            session.add(Category(**_columns(spec, spec.model_dump())))
+            session.add(Category(**_columns(session, spec, spec.model_dump())))
         session.flush()

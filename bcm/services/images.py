@@ -68,6 +68,20 @@ def begin_build(session: Session, name: str, version: str | None, actor: str) ->
     return image
 
 
+def check_reference(session: Session, name: str | None, field: str = "image") -> None:
+    """A node's or category's image must name an image with a ready version (None clears it)."""
+    if name is None:
+        return
+    ready = session.exec(select(Image.id).where(Image.name == name, Image.state == ImageState.READY)).first()
+    if ready is None:
+        known = sorted(set(session.exec(select(Image.name).where(Image.state == ImageState.READY))))
+        raise InvalidInput(
+            f"{field}: no ready image named {name[:128]!r} (build it with `bcm image build`; ready: "
+            f"{', '.join(known[:20]) or 'none'})",
+            field=field,
+        )
+
+
 def get(session: Session, name: str, version: str | None = None) -> Image:
     """A version of an image: the given one, else the current one, else the newest."""
     rows = _versions(session, name)

@@ -33,7 +33,7 @@ from bcm.models.node import (
     NodePublic,
     NodeUpdate,
 )
-from bcm.services import events
+from bcm.services import events, images
 
 CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
 SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment", "bmc_address", "bmc_protocol", "bmc_user")
@@ -82,6 +82,7 @@ def _check_unique(session: Session, names: list[str], ifaces: list[InterfaceSpec
 def create(session: Session, spec: NodeCreate, actor: str) -> Node:
     ifaces = spec.interface_specs()
     _check_unique(session, [spec.name], ifaces)
+    images.check_reference(session, spec.image)
     node = Node(
         name=spec.name,
         category_id=_category_id(session, spec.category),
@@ -105,6 +106,7 @@ def bulk_create(session: Session, spec: NodeBulkCreate, actor: str) -> list[Node
     ips = ip_sequence(spec.ip, len(names)) if spec.ip else [None] * len(names)
     ifaces = [InterfaceSpec.model_construct(mac=m, ip=i) for m, i in zip(macs, ips, strict=True) if m or i]
     _check_unique(session, names, ifaces)
+    images.check_reference(session, spec.image)
     now = utcnow()
     settings = {f: getattr(spec, f) for f in SETTING_FIELDS}
     common = {
@@ -254,6 +256,8 @@ def update_node(session: Session, name: str, spec: NodeUpdate, actor: str) -> No
     node = get(session, name)
     _check_unlocked([node])
     changes = spec.model_dump(exclude_unset=True)
+    if "image" in changes:
+        images.check_reference(session, changes["image"])
     if "category" in changes:
         node.category_id = _category_id(session, changes.pop("category"))
     new_ifaces = changes.pop("interfaces", None)

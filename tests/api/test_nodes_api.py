@@ -55,14 +55,19 @@ def test_filters_and_pagination(api: Any) -> None:
 def test_effective_settings_follow_category(api: Any) -> None:
     assert (
         api.post(
-            "/api/v1/categories", json={"name": "h100", "image": "ubuntu22-cuda12", "kernel_args": "quiet"}
+            "/api/v1/categories", json={"name": "h100", "boot_mode": "uefi", "kernel_args": "quiet"}
         ).status_code
         == 201
     )
     add(api, nodes="h[1-2]", category="h100")
-    assert api.patch("/api/v1/nodes/h2", json={"image": "rocky9"}).status_code == 200
+    assert api.patch("/api/v1/nodes/h2", json={"boot_mode": "bios"}).status_code == 200
     h1, h2 = (api.get(f"/api/v1/nodes/{n}").json()["effective"] for n in ("h1", "h2"))
-    assert h1["image"] == "ubuntu22-cuda12" and h2["image"] == "rocky9" and h2["kernel_args"] == "quiet"
+    assert h1["boot_mode"] == "uefi" and h2["boot_mode"] == "bios" and h2["kernel_args"] == "quiet"
+    # an image is a reference: a name that no ready image has is refused, naming the field
+    r = api.patch("/api/v1/nodes/h2", json={"image": "rocky9"})
+    assert r.status_code == 422 and r.json()["field"] == "image" and "rocky9" in r.json()["message"]
+    r = api.post("/api/v1/categories", json={"name": "h200", "image": "ubuntu22-cuda12"})
+    assert r.status_code == 422 and r.json()["field"] == "image"
     cats = {c["name"]: c for c in api.get("/api/v1/categories").json()}
     assert cats["h100"]["node_count"] == 2
     # a category in use cannot be removed; an unused one can

@@ -52,7 +52,7 @@ def test_readme_flow_add_list_and_401(server: Server) -> None:
 
 
 def test_data_survives_restart(server: Server) -> None:
-    ok(server.cli("category", "add", "h100", "--image", "ubuntu22-cuda12"))
+    ok(server.cli("category", "add", "h100", "--kernel-args", "quiet"))
     ok(server.cli("node", "add", "h[1-3]", "--category", "h100"))
     token = server.token()
     server.stop()
@@ -61,7 +61,7 @@ def test_data_survives_restart(server: Server) -> None:
     names = [n["name"] for n in json.loads(ok(server.cli("node", "list", "--json")))]
     assert names == ["h1", "h2", "h3"]
     cat = json.loads(ok(server.cli("category", "show", "h100", "--json")))
-    assert cat["image"] == "ubuntu22-cuda12" and cat["node_count"] == 3
+    assert cat["kernel_args"] == "quiet" and cat["node_count"] == 3
 
 
 def test_errors_are_one_red_line(server: Server) -> None:
@@ -99,9 +99,10 @@ def test_tokens_and_roles_from_the_cli(server: Server) -> None:
 
 def test_verbs_set_and_rm(server: Server) -> None:
     ok(server.cli("node", "add", "n[1-3]"))
-    ok(server.cli("node", "set", "n[1-2]", "--image", "rocky9", "--comment", "rack 4"))
+    ok(server.cli("node", "set", "n[1-2]", "--kernel-args", "quiet", "--comment", "rack 4"))
     shown = json.loads(ok(server.cli("node", "show", "n1", "--json")))
-    assert shown["effective"]["image"] == "rocky9" and shown["comment"] == "rack 4"
+    assert shown["effective"]["kernel_args"] == "quiet" and shown["comment"] == "rack 4"
+    failed_with(server.cli("node", "set", "n1", "--image", "rocky9"), "image", "rocky9")
     res = json.loads(ok(server.cli("node", "retire", "n3", "--json")))
     assert res["nodes"][0]["state"] == "retired"
     ok(server.cli("node", "rm", "n[2-3]", "--yes"))

@@ -10,10 +10,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Request, status
 from pydantic import ValidationError
 
 from bcm.api.deps import SessionDep, verified_token
+from bcm.db import session_scope
 from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
 from bcm.errors import Forbidden, InvalidInput
 from bcm.models.auth import ApiToken, Role
@@ -67,23 +69,33 @@ def parse_report(body: bytes) -> HealthReport:
 
 
 @router.post("/report", response_model=ReportAccepted, status_code=status.HTTP_202_ACCEPTED)
-def report(
+async def report(
     token: NodeOnly,
     body: Annotated[bytes, Depends(capped_body)],
-    session: SessionDep,
     request: Request,
     background: BackgroundTasks,
 ) -> ReportAccepted:
-    assert token.node_id is not None
-    parsed = parse_report(body)
-    result = svc.ingest(session, token.node_id, parsed, request.app.state.settings.health)
+    """Store a node's health report (its own node only) and judge it.
+
+    Parsing, ingest and commit run in one worker thread with a session of their own: on SQLite the write
+    turn taken by the first insert is given back by the commit in that same thread, never held while the
+    request waits for another thread (with every worker waiting for the turn, that wait never ended).
+    """
+    node_id = token.node_id
+    assert node_id is not None
+    engine, settings = request.app.state.engine, request.app.state.settings
+
+    def work() -> svc.IngestResult:
+        parsed = parse_report(body)
+        with session_scope(engine) as session:
+            return svc.ingest(session, node_id, parsed, settings.health)
+
+    result = await anyio.to_thread.run_sync(work)
     if result.action is not None:
-        # runs after the response (and after the request's commit): the decision is stored first
+        # runs after the response; the decision was committed above
         from bcm.workers.health import apply_pending
 
-        background.add_task(
-            apply_pending, request.app.state.engine, request.app.state.settings, [result.node_id]
-        )
+        background.add_task(apply_pending, engine, settings, [result.node_id])
     return ReportAccepted(
         node=result.node, verdict=result.verdict, report_verdict=result.report_verdict, action=result.action
     )

@@ -1,4 +1,4 @@
-"""/api/v1/images: recipes, builds (operations), versions, rollback, removal."""
+"""/api/v1/images: recipes, builds (operations), versions, rollback, removal, push to nodes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Query, Request, status
+from pydantic import BaseModel, ConfigDict, Field
 
 from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
 from bcm.api.params import Name
 from bcm.domain import image_recipe
+from bcm.domain.naming import expand_hostlist
 from bcm.models.image import ImageBuildRequest, ImageBuildStarted, ImageDetail, ImagePublic
 from bcm.services import images as svc
+from bcm.workers import image_push as push_worker
 from bcm.workers import images as worker
 
 router = APIRouter(prefix="/images", tags=["images"])
@@ -75,3 +78,33 @@ async def remove(
     images_dir = request.app.state.settings.images_dir
     removed = await anyio.to_thread.run_sync(svc.remove, session, name, version, images_dir, actor(token))
     return {"name": name, "removed": removed}
+
+
+class ImagePushRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: str = Field(min_length=1, max_length=65535, description="hostlist, e.g. gpu[01-16]")
+    version: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+    )
+    apply: bool = False  # false: a dry run that changes nothing on the nodes
+
+
+class ImagePushStarted(BaseModel):
+    name: str
+    version: str
+    apply: bool
+    nodes: int
+    operation_id: int
+
+
+@router.post("/{name}/push", response_model=ImagePushStarted, status_code=status.HTTP_202_ACCEPTED)
+async def push(name: Name, body: ImagePushRequest, request: Request, token: Operator) -> ImagePushStarted:
+    """Sync a version's tree onto running nodes with rsync (an operation); a dry run unless ``apply``."""
+    names = expand_hostlist(body.nodes)
+    version, op_id = await push_worker.start(
+        request.app.state.runner, name, names, body.version, body.apply, actor(token)
+    )
+    return ImagePushStarted(
+        name=name, version=version, apply=body.apply, nodes=len(names), operation_id=op_id
+    )

@@ -41,6 +41,11 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("imageartifact", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_imageartifact_image_id"), ["image_id"], unique=False)
+    # node.image and category.image now name an image: values that name none were free text; cleared
+    for table in ("node", "category"):
+        op.execute(
+            f"UPDATE {table} SET image = NULL WHERE image IS NOT NULL AND image NOT IN (SELECT name FROM image)"
+        )
 
 
 def downgrade() -> None:
