@@ -527,6 +527,12 @@ def _artifact(kind: str, staging: Path) -> Artifact:
     return Artifact(kind=kind, filename=path.name, size=path.stat().st_size, sha256=_sha256(path))
 
 
+def ensure_tree(chain: list[Recipe], cache_dir: Path, log: Log, timeout_s: float = 3600) -> Path:
+    """The top layer's tree of a chain, built (or reused from the cache) but not packed: what the lab runs."""
+    tree, _keys = _ensure_layers(chain, cache_dir, log, lambda f: None, _Deadline(timeout_s), share=1.0)
+    return tree
+
+
 def build(
     chain: list[Recipe],
     cache_dir: Path,

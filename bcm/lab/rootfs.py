@@ -1,125 +1,47 @@
-"""The lab nodes' shared root filesystem: a Debian bookworm tree built once with mmdebstrap and cached.
+"""The lab nodes' shared root filesystem: the `lab` image recipe (images/lab.yaml), built by bcm's one image
+builder (bcm.drivers.imagebuild) into its layer cache and used as every node's overlay lower dir.
 
-Nodes cannot install anything (the lab has no route out), so the tree carries what a bcm node image
+Nodes cannot install anything (the lab has no route out), so the image carries what a bcm node image
 would: sshd, python3 for Ansible and the agent, the hardware tools the inventory reads, and the Slurm
-node packages. The cache directory is named by a hash of the recipe, so a changed package list builds
-a new tree beside the old one. Builds run under an exclusive lock: concurrent test sessions wait for
-one build instead of racing.
+packages. Layers are keyed by content, so a changed recipe builds a new tree beside the old one, and a
+build of the `lab` image (`bcm image build lab`) reuses the very tree the lab runs.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import os
-import shutil
-import subprocess
-from collections.abc import Sequence
+import logging
 from pathlib import Path
 
+from bcm.domain import image_recipe
+from bcm.drivers import imagebuild
+from bcm.errors import BcmError
 from bcm.lab.errors import LabError
 
+log = logging.getLogger("bcm.lab")
 DEFAULT_CACHE_DIR = Path("/var/cache/bcm")
-SUITE = "bookworm"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "images"
+RECIPE = "lab"
+BUILD_TIMEOUT_S = 3600
+# what the lab's nodes must carry (tests/unit/test_image_recipes.py checks the recipes hold them)
 PACKAGES: tuple[str, ...] = (
-    "openssh-server",
-    "python3",
-    "python3-apt",
-    "iproute2",
-    "iputils-ping",
-    "procps",
-    "util-linux",
-    "pciutils",
-    "dmidecode",
-    "ethtool",
-    "kmod",
-    "less",
-    "rsync",
-    "slurmd",
-    "slurm-client",
-    "slurmctld",  # any lab node may be the controller, so it carries the controller's packages too
-    "slurmdbd",
-    "slurm-wlm-mysql-plugin",
-    "munge",
-    "sudo",
-    "libpam-runtime",
-)
-MIRRORS: tuple[str, ...] = (
-    f"deb http://deb.debian.org/debian {SUITE} main",
-    f"deb http://deb.debian.org/debian {SUITE}-updates main",
-    f"deb http://deb.debian.org/debian-security {SUITE}-security main",
-)
-# Bump when the post-build steps below change, so old caches are not reused.
-RECIPE_VERSION = "1"
-BUILD_TIMEOUT_S = 1800
-_DONE_MARK = ".bcm-lab-rootfs-complete"
+    "openssh-server", "python3", "python3-apt", "iproute2", "iputils-ping", "procps", "util-linux",
+    "pciutils", "dmidecode", "ethtool", "kmod", "less", "rsync", "slurmd", "slurm-client", "slurmctld",
+    "slurmdbd", "slurm-wlm-mysql-plugin", "munge", "sudo", "libpam-runtime",
+)  # fmt: skip
 
 
-def recipe_hash(packages: Sequence[str] = PACKAGES, suite: str = SUITE) -> str:
-    """Short hash naming one recipe (suite, package list, post-build steps)."""
-    text = "\n".join([RECIPE_VERSION, suite, *sorted(packages)])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def image_cache(cache_dir: Path) -> Path:
+    """The image builder's cache under the lab's cache directory (the server's default, too)."""
+    return cache_dir / "images"
 
 
-def rootfs_path(cache_dir: Path = DEFAULT_CACHE_DIR, packages: Sequence[str] = PACKAGES) -> Path:
-    """Where the tree for this recipe lives (built or not)."""
-    return cache_dir / f"lab-rootfs-{recipe_hash(packages)}"
-
-
-def ensure_rootfs(
-    cache_dir: Path = DEFAULT_CACHE_DIR,
-    packages: Sequence[str] = PACKAGES,
-    mirrors: Sequence[str] = MIRRORS,
-) -> Path:
-    """Return the cached tree, building it first (about 40 s, needs the Debian mirror) if absent."""
-    target = rootfs_path(cache_dir, packages)
-    if (target / _DONE_MARK).exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / "lab-rootfs.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        # Another process may have finished the build while we waited for the lock.
-        if (target / _DONE_MARK).exists():
-            return target
-        _build(target, packages, mirrors)
-    return target
-
-
-def _build(target: Path, packages: Sequence[str], mirrors: Sequence[str]) -> None:
-    partial = target.with_name(target.name + ".partial")
-    for stale in (partial, target):
-        if stale.exists():
-            shutil.rmtree(stale)
-    argv = [
-        "mmdebstrap",
-        "--variant=minbase",
-        "--include=" + ",".join(packages),
-        SUITE,
-        str(partial),
-        *mirrors,
-    ]
+def ensure_rootfs(cache_dir: Path = DEFAULT_CACHE_DIR, recipes_dir: Path = RECIPES_DIR) -> Path:
+    """The cached tree of the `lab` image, built first if absent (minutes, needs the Debian mirror)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
-    except FileNotFoundError as exc:
-        raise LabError("mmdebstrap is not installed; install it with `apt-get install mmdebstrap`") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise LabError(f"mmdebstrap did not finish within {BUILD_TIMEOUT_S} s") from exc
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-2000:]
-        raise LabError(f"mmdebstrap failed (exit {proc.returncode}); is the Debian mirror reachable?\n{tail}")
-    _finish(partial, target.name)
-    os.rename(partial, target)
-
-
-def _finish(root: Path, name: str) -> None:
-    """Make the tree node-neutral: no host keys of its own, no machine id, a root home."""
-    for key in (root / "etc/ssh").glob("ssh_host_*"):
-        key.unlink()
-    machine_id = root / "etc/machine-id"
-    if machine_id.exists():
-        machine_id.write_text("")
-    (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
-    # Mount points the node start script uses; they must exist in the lower layer.
-    for sub in ("proc", "sys", "dev", "run", "tmp"):
-        (root / sub).mkdir(exist_ok=True)
-    (root / _DONE_MARK).write_text(name + "\n")
+        chain = image_recipe.chain(image_recipe.load_recipes(recipes_dir), RECIPE)
+        return imagebuild.ensure_tree(chain, image_cache(cache_dir), lambda line: log.debug("%s", line),
+                                      timeout_s=BUILD_TIMEOUT_S)  # fmt: skip
+    except BcmError as exc:
+        raise LabError(
+            f"the lab image ({recipes_dir / (RECIPE + '.yaml')}) did not build: {exc.message}"
+        ) from exc

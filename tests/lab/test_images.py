@@ -43,12 +43,11 @@ def one_error_line(result: subprocess.CompletedProcess[str], *words: str) -> str
 
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shipped recipes, plus a layer whose package does not exist and a recipe that does not parse."""
+    """The shipped recipes, plus a layer whose package does not exist."""
     d = tmp_path_factory.mktemp("recipes")
     for f in (REPO / "images").glob("*.yaml"):
         shutil.copy(f, d / f.name)
     (d / "broken-layer.yaml").write_text("name: broken-layer\nparent: base\npackages: [bcm-no-such-package]\n")
-    (d / "bad-variant.yaml").write_text("name: bad-variant\nvariant: huge\nmirrors: []\n")
     return d
 
 
@@ -94,12 +93,19 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def test_recipes_are_listed_and_a_broken_recipe_is_one_line(server: Server) -> None:
+def test_recipes_are_listed_and_a_broken_recipe_is_one_line(server: Server, recipes: Path) -> None:
     rows = json.loads(ok(server.cli("image", "recipes", "--json")))
     chains = {r["name"]: r["chain"] for r in rows}
     assert chains["cuda-toolkit"] == ["base", "nvidia-driver", "cuda-toolkit"]
-    one_error_line(server.cli("image", "build", "bad-variant"), "bad-variant.yaml", "variant", "minbase")
     one_error_line(server.cli("image", "build", "no-such-recipe"), "no-such-recipe")
+    # a recipe that does not parse is named, with its field and the allowed values, and nothing starts
+    bad = recipes / "bad-variant.yaml"
+    bad.write_text("name: bad-variant\nvariant: huge\nmirrors: []\n")
+    try:
+        one_error_line(server.cli("image", "build", "base"), "bad-variant.yaml", "variant", "minbase")
+    finally:
+        bad.unlink()
+    assert json.loads(ok(server.cli("image", "list", "--json"))) == []
 
 
 def test_base_builds_publishes_serves_and_rolls_back(server: Server) -> None:
