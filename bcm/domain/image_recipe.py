@@ -34,6 +34,7 @@ DEFAULT_PUSH_EXCLUDE: tuple[str, ...] = (
     "/var/spool/",
     "/tmp/",
     "/home/",
+    "/root/.ssh/",  # the server's key in authorized_keys: a push must never lock bcm out of its node
 )
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -94,6 +94,9 @@ CASES: list[tuple[str, str, str, Any, int, str | None]] = [
     ("unknown-build-field", "POST", "/api/v1/images/build", {"recipe": "base", "force": True}, 422, "force"),
     ("bad-image-version-filter", "GET", "/api/v1/images/base?version=a%20b", None, 422, "version"),
     ("rollback-unknown-image", "POST", "/api/v1/images/nope/rollback", None, 404, None),
+    ("push-bad-hostlist", "POST", "/api/v1/images/base/push", {"nodes": "keep[1-"}, 422, "nodes"),
+    ("push-unknown-field", "POST", "/api/v1/images/base/push", {"nodes": "keep1", "force": True}, 422, "force"),
+    ("push-unknown-image", "POST", "/api/v1/images/nope/push", {"nodes": "keep1"}, 404, None),
 ]
 
 

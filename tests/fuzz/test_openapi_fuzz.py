@@ -23,7 +23,7 @@ SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # operations that reach other machines (SSH, BMCs, Debian mirrors) or start background work against them
 EXCLUDED = (
-    r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|images/build|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
+    r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|images/(build|[^/]+/push)|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
 )
 
 
