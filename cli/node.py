@@ -105,6 +105,7 @@ def show(name: str, as_json: JsonOpt = False) -> None:
             ("interfaces", iface),
             ("wlm", node["wlm_state"]),
             ("power", node.get("power_state")),
+            ("running image", node.get("running_image")),
             ("bmc", " ".join(filter(None, [node.get("bmc_address"), node["effective"].get("bmc_protocol")])) or None),
             ("last error", node["last_error"]),
             *[(f"effective {k}", v) for k, v in node["effective"].items()],

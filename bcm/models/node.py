@@ -88,6 +88,8 @@ class Node(NodeSettings, table=True):
     bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
     power_state: str | None = Field(default=None, max_length=16)
     power_checked_at: datetime | None = Field(default=None, sa_column=ts_column())
+    running_image: str | None = Field(default=None, max_length=200)  # "<image>:<version>" last pushed
+    image_pushed_at: datetime | None = Field(default=None, sa_column=ts_column())
 
 
 class NodeCreate(NodeSettings):
@@ -205,6 +207,7 @@ class NodePublic(NodeSettings):
     updated_at: datetime
     inventoried_at: datetime | None = None
     power_state: str | None = None
+    running_image: str | None = None  # the image version last pushed to it (`bcm image push --apply`)
 
 
 class NodePage(SQLModel):

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from bcm.drivers import imagebuild
 from bcm.drivers.sync import PushTarget
 from bcm.errors import Conflict
+from bcm.models.base import utcnow
 from bcm.models.image import Image, ImageState
+from bcm.models.node import Node
 from bcm.services import events
 from bcm.services import images as images_svc
 from bcm.services.inventory import load_targets
@@ -90,7 +92,12 @@ def targets(
 
 
 def record_pushed(session: Session, actor: str, name: str, version: str, nodes: list[str]) -> None:
-    """One ``image.push`` event per node that now runs ``name:version``."""
-    for node in nodes:
-        events.record(session, actor, "image.push", node, f"{name}:{version}")
+    """Each node that now runs ``name:version`` records it, with one ``image.push`` event per node."""
+    now = utcnow()
+    for node in session.exec(select(Node).where(col(Node.name).in_(nodes))):
+        node.running_image = f"{name}:{version}"[:200]
+        node.image_pushed_at = now
+        session.add(node)
+    for node_name in nodes:
+        events.record(session, actor, "image.push", node_name, f"{name}:{version}")
     session.flush()

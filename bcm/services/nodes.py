@@ -246,6 +246,7 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
                 updated_at=n.updated_at,
                 inventoried_at=n.inventoried_at,
                 power_state=n.power_state,
+                running_image=n.running_image,
                 **{f: getattr(n, f) for f in SETTING_FIELDS},
             )
         )

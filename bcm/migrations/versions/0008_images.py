@@ -41,6 +41,9 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("imageartifact", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_imageartifact_image_id"), ["image_id"], unique=False)
+    with op.batch_alter_table("node", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("running_image", sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True))
+        batch_op.add_column(sa.Column("image_pushed_at", sa.DateTime(timezone=True), nullable=True))
     # node.image and category.image now name an image: values that name none were free text; cleared
     for table in ("node", "category"):
         op.execute(
@@ -49,6 +52,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("node", schema=None) as batch_op:
+        batch_op.drop_column("image_pushed_at")
+        batch_op.drop_column("running_image")
     with op.batch_alter_table("imageartifact", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_imageartifact_image_id"))
     op.drop_table("imageartifact")
