@@ -15,7 +15,6 @@ contact or show it when it changed.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import shlex
@@ -29,6 +28,7 @@ from typing import Any
 
 import asyncssh
 
+from bcm.drivers.fanout import fan_out
 from bcm.errors import DriverError, FatalDriverError, InvalidInput, RetryableDriverError
 
 log = logging.getLogger(__name__)
@@ -234,30 +234,13 @@ class SshClient:
         finishes, always from this coroutine, one at a time, so it may use a single DB session.
         If it raises, the remaining hosts are cancelled and the exception propagates.
         """
-        limit = asyncio.Semaphore(concurrency or self.concurrency)
         connect_s = connect_timeout or self.connect_timeout_s
         command_s = command_timeout or self.command_timeout_s
 
-        async def one(index: int, target: Target) -> tuple[int, HostResult]:
-            async with limit:
-                result = await self._run_bounded(target, command, connect_s, command_s, stdin)
-                return index, result
+        async def one(target: Target) -> HostResult:
+            return await self._run_bounded(target, command, connect_s, command_s, stdin)
 
-        tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(hosts)]
-        results: list[HostResult | None] = [None] * len(tasks)
-        try:
-            for next_done in asyncio.as_completed(tasks):
-                index, result = await next_done
-                results[index] = result
-                if on_result is not None:
-                    outcome = on_result(result)
-                    if inspect.isawaitable(outcome):
-                        await outcome
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        return [r for r in results if r is not None]
+        return await fan_out(hosts, one, concurrency or self.concurrency, on_result)
 
     async def run_one(
         self,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import inspect
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bcm.drivers.fanout import fan_out
 from bcm.errors import FatalDriverError
 
 __all__ = ["ALWAYS_EXCLUDE", "PushResult", "PushTarget", "push", "unpack_squashfs"]
@@ -255,38 +255,21 @@ async def push(
         raise FatalDriverError(f"image push: {source} does not look like a root filesystem (no etc/, usr/)")
     if not key_file.is_file():
         raise FatalDriverError(f"image push: the server's SSH key {key_file} is missing")
-    limit = asyncio.Semaphore(max(1, concurrency))
     with tempfile.TemporaryDirectory(prefix="bcm-push-") as tmp:
         known_hosts = Path(tmp) / "known_hosts"
         known_hosts.write_text("".join(_host_key_line(t.name, t.host_key) for t in targets))
 
-        async def one(index: int, target: PushTarget) -> tuple[int, PushResult]:
-            async with limit:
-                try:
-                    result = await _run_one(
-                        source, target, excludes, key_file=key_file, known_hosts=known_hosts,
-                        username=username, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s,
-                        dry_run=dry_run,
-                    )  # fmt: skip
-                except OSError as exc:  # fork failed, too many files: this node's failure only
-                    result = PushResult(target.name, "error", error=f"could not run rsync: {exc}")
-                return index, result
+        async def one(target: PushTarget) -> PushResult:
+            try:
+                return await _run_one(
+                    source, target, excludes, key_file=key_file, known_hosts=known_hosts,
+                    username=username, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s,
+                    dry_run=dry_run,
+                )  # fmt: skip
+            except OSError as exc:  # fork failed, too many files: this node's failure only
+                return PushResult(target.name, "error", error=f"could not run rsync: {exc}")
 
-        tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(targets)]
-        results: list[PushResult | None] = [None] * len(tasks)
-        try:
-            for next_done in asyncio.as_completed(tasks):
-                index, result = await next_done
-                results[index] = result
-                if on_result is not None:
-                    outcome = on_result(result)
-                    if inspect.isawaitable(outcome):
-                        await outcome
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-    return [r for r in results if r is not None]
+        return await fan_out(targets, one, concurrency, on_result)
 
 
 # ---- the tree to push when a version's cached layer is gone -------------------------------------------
