@@ -35,6 +35,9 @@ DEFAULT_PUSH_EXCLUDE: tuple[str, ...] = (
     "/tmp/",
     "/home/",
     "/root/.ssh/",  # the server's key in authorized_keys: a push must never lock bcm out of its node
+    # the workload manager's files come from its deploy (slurm.conf, gres.conf, the munge key), not images
+    "/etc/slurm/",
+    "/etc/munge/",
 )
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
