@@ -13,11 +13,12 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Request, status
 from pydantic import ValidationError
+from sqlmodel import Session
 
-from bcm.api.deps import SessionDep, verified_token
+from bcm.api.deps import bearer, verified_token
 from bcm.db import session_scope
 from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
-from bcm.errors import Forbidden, InvalidInput
+from bcm.errors import Forbidden, InvalidInput, Unauthorized
 from bcm.models.auth import ApiToken, Role
 from bcm.models.base import utcnow
 from bcm.models.health import ReportAccepted
@@ -28,7 +29,7 @@ router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
 TOKEN_TOUCH_EVERY = timedelta(minutes=5)
 
 
-def node_only_token(request: Request, session: SessionDep) -> ApiToken:
+def node_only_token(request: Request, session: Session) -> ApiToken:
     """The caller's token, which must be a node's agent token (admin and user tokens are refused)."""
     token = verified_token(request, session)
     if token.role != Role.NODE.value or token.node_id is None:
@@ -39,8 +40,6 @@ def node_only_token(request: Request, session: SessionDep) -> ApiToken:
         session.add(token)
     return token
 
-
-NodeOnly = Annotated[ApiToken, Depends(node_only_token)]
 
 
 async def capped_body(request: Request) -> bytes:
@@ -68,27 +67,38 @@ def parse_report(body: bytes) -> HealthReport:
         raise InvalidInput(f"{field}: {first.get('msg', 'invalid')}", field=field) from None
 
 
-@router.post("/report", response_model=ReportAccepted, status_code=status.HTTP_202_ACCEPTED)
+def bearer_present(request: Request) -> None:
+    """A request without a token is a 401 before its body is read (a wrong one is found in ``work``)."""
+    if bearer(request) is None:
+        raise Unauthorized("no token: send `Authorization: Bearer <node token>`")
+
+
+@router.post(
+    "/report",
+    response_model=ReportAccepted,
+    status_code=status.HTTP_202_ACCEPTED,
+    dependencies=[Depends(bearer_present)],
+)
 async def report(
-    token: NodeOnly,
     body: Annotated[bytes, Depends(capped_body)],
     request: Request,
     background: BackgroundTasks,
 ) -> ReportAccepted:
     """Store a node's health report (its own node only) and judge it.
 
-    Parsing, ingest and commit run in one worker thread with a session of their own: on SQLite the write
-    turn taken by the first insert is given back by the commit in that same thread, never held while the
-    request waits for another thread (with every worker waiting for the turn, that wait never ended).
+    The token check, parsing, ingest and commit run in one worker thread with one session (one
+    connection, one transaction): on SQLite the write turn taken by the first insert is given back by the
+    commit in that same thread, never held while the request waits for another thread (with every worker
+    waiting for the turn, that wait never ended).
     """
-    node_id = token.node_id
-    assert node_id is not None
     engine, settings = request.app.state.engine, request.app.state.settings
 
     def work() -> svc.IngestResult:
-        parsed = parse_report(body)
         with session_scope(engine) as session:
-            return svc.ingest(session, node_id, parsed, settings.health)
+            token = node_only_token(request, session)
+            assert token.node_id is not None
+            parsed = parse_report(body)
+            return svc.ingest(session, token.node_id, parsed, settings.health)
 
     result = await anyio.to_thread.run_sync(work)
     if result.action is not None:
