@@ -46,6 +46,8 @@ STOP_TIMEOUT_S = 5.0
 # Short enough that "<name>-<prefix><index>" stays a usable namespace name and host name.
 _NAME = re.compile(r"[a-z][a-z0-9]{0,11}(-[a-z0-9]{1,11})?")
 
+FREEZE_WAIT_S = 10.0  # how long freeze() waits for the node's sshd to show as stopped
+
 
 class Lab:
     """A lab of SSH nodes in network namespaces on one bridge.
@@ -172,7 +174,11 @@ class Lab:
         """SIGSTOP every process of the node: TCP connects still succeed, but no SSH banner comes."""
         node = self.node(name)
         procs.send(self._node_pids(node), signal.SIGSTOP)
-        return node.refresh()
+        # a signal is delivered asynchronously: on a busy machine /proc may still say "running" for a while
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while not node.refresh().frozen and node.alive and time.monotonic() < deadline:  # bounded
+            time.sleep(0.05)
+        return node
 
     def thaw(self, name: str) -> LabNode:
         """Undo freeze()."""
