@@ -38,6 +38,13 @@ def serve(settings: Settings) -> None:
         log.warning("created the first admin token; it is in %s (mode 0600)", token_file)
     db = engine.url.render_as_string(hide_password=True)
     log.info("bcm serving on http://%s:%s, database %s", settings.host, settings.port, db)
+    if settings.pxe.enabled:  # a PXE setting dnsmasq would refuse stops the start, with one line
+        from bcm.drivers import dnsmasq
+        from bcm.services import pxe
+
+        dnsmasq.Supervisor(settings, list).prepare(pxe.server_url(settings) + "/boot/v1/ipxe/boot.ipxe")
+        log.info("PXE on %s (%s mode), boot scripts at %s", settings.pxe.interface, settings.pxe.mode,
+                 pxe.server_url(settings))  # fmt: skip
     app = create_app(settings, engine)
     uvicorn.run(
         app,

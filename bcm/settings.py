@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,10 +73,32 @@ class DbSettings(BaseModel):
 
 
 class PxeSettings(BaseModel):
-    """The HTTP side of PXE boot and the dnsmasq it supervises."""
+    """PXE provisioning: the dnsmasq that ``bcm serve`` supervises, the boot scripts, the callback.
 
-    interface: str | None = None
-    server_url: str | None = None
+    With ``enabled`` the server renders ``<state_dir>/pxe/dnsmasq.conf`` (DHCP on ``interface`` from
+    ``range_start``-``range_end``, or proxy DHCP beside someone else's DHCP server with ``mode=proxy``;
+    TFTP of the iPXE binaries only) and keeps dnsmasq running. Nodes reach bcm at ``server_url``
+    (default ``http://<address>:<port>``).
+    """
+
+    enabled: bool = False
+    interface: str | None = Field(default=None, max_length=15)
+    address: str | None = None  # the head node's address on ``interface``
+    server_url: str | None = Field(default=None, max_length=200)
+    mode: Literal["dhcp", "proxy"] = "dhcp"
+    range_start: str | None = None
+    range_end: str | None = None
+    netmask: str = "255.255.255.0"
+    lease_time: str = Field(default="1h", pattern=r"^([0-9]{1,7}[smhd]?|infinite)$")
+    router: str | None = None  # handed out only when set (a lab hands out none)
+    ipv6_ra: bool = True  # enable-ra with an ra-only range: iPXE stops waiting ~13 s for a router advert
+    ipxe_dir: Path = Path("/usr/lib/ipxe")
+    dnsmasq: str = "dnsmasq"
+    discovery_image: str | None = Field(default=None, max_length=63)  # default: the newest ready image
+    provision_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
+    max_concurrent: int = Field(default=20, ge=1, le=10000)
+    max_discovered: int = Field(default=4096, ge=1, le=1_000_000)
+    kernel_args: str = Field(default="console=ttyS0,115200 console=tty0", max_length=512)
 
 
 def _default_recipes_dir() -> Path:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.common import JsonOpt, client, follow
-from cli.render import emit_json, kv, out, table
+from cli.render import emit_json, err, kv, out, table
 
 app = typer.Typer(
     help="Nodes: register, list, show, change, remove, and lifecycle verbs.", no_args_is_help=True
@@ -282,11 +284,91 @@ def _verb(verb: str, help_text: str) -> None:
     app.command(verb)(command)
 
 
+def _boot_verb(verb: str, help_text: str) -> None:
+    def command(
+        nodes: Nodes,
+        reason: Annotated[str | None, typer.Option(help="recorded with the action")] = None,
+        wait: Annotated[bool, typer.Option(help="wait until every node has booted or failed")] = False,
+        timeout: Annotated[float, typer.Option(help="seconds --wait waits at most", min=1, max=86400)] = 2400,
+        as_json: JsonOpt = False,
+    ) -> None:
+        c = client()
+        res = c.post(f"/api/v1/nodes/actions/{verb}", {"nodes": nodes, "reason": reason})
+        if not wait:
+            if as_json:
+                emit_json(res)
+            else:
+                table(None, ["NODE", "RESULT", "STATE"], [(n["name"], n["status"], n.get("state")) for n in res["nodes"]])
+            return
+        names = [n["name"] for n in res["nodes"]]
+        deadline = time.monotonic() + timeout
+        states: dict[str, dict[str, Any]] = {}
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err, disable=as_json) as bar:
+            task = bar.add_task(f"{verb} {nodes}", total=len(names))
+            while True:
+                page = c.get("/api/v1/nodes", nodes=nodes, limit=1000)
+                states = {n["name"]: n for n in page["items"]}
+                done = [n for n in names if states.get(n, {}).get("provision_state") != "provisioning"]
+                bar.update(task, completed=len(done))
+                if len(done) == len(names) or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+        rows = [(n, states.get(n, {}).get("provision_state"), states.get(n, {}).get("last_error") or "") for n in names]
+        if as_json:
+            emit_json({"verb": verb, "nodes": [dict(zip(("name", "state", "last_error"), r, strict=True)) for r in rows]})
+        else:
+            table(None, ["NODE", "STATE", "ERROR"], rows)
+        if any(state != "booted" and state != "ready" for _, state, _ in rows):
+            err.print(f"[red]error: not every node booted ({sum(1 for r in rows if r[1] == 'provisioning')} still "
+                      "provisioning)[/red]", soft_wrap=True)  # fmt: skip
+            raise typer.Exit(1)
+
+    command.__doc__ = help_text
+    app.command(verb)(command)
+
+
+@app.command("discovered")
+def discovered(as_json: JsonOpt = False) -> None:
+    """Machines that PXE-booted the discovery image and wait to be assigned."""
+    items = client().get("/api/v1/discovered")
+    if as_json:
+        emit_json(items)
+        return
+    table(
+        None,
+        ["NAME", "MAC", "CPU", "THREADS", "MEMORY GiB", "DISKS", "NVIDIA PCI", "PRODUCT"],
+        [
+            (d["name"], d["mac"], d.get("cpu_model"), d.get("threads"),
+             f"{d['memory_bytes'] / 2**30:.1f}" if d.get("memory_bytes") else None, d["disks"],
+             d["nvidia_pci_devices"], d.get("product"))  # fmt: skip
+            for d in items
+        ],
+    )
+
+
+@app.command("assign")
+def assign(
+    mac: Annotated[str, typer.Argument(help="the discovered machine's MAC (bcm node discovered)")],
+    name: Annotated[str, typer.Option(help="the node's name")],
+    category: Annotated[str | None, typer.Option(help="its category")] = None,
+    image: Annotated[str | None, typer.Option(help="the image it boots (else its category's)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Accept a discovered machine as a node: it becomes registered, ready to provision."""
+    node = client().post("/api/v1/discovered/assign", {"mac": mac, "name": name, "category": category, "image": image})
+    if as_json:
+        emit_json(node)
+    else:
+        out.print(f"{mac} is node {node['name']} ({node['provision_state']})")
+
+
+_boot_verb("provision", "Network-boot nodes into their image (BMC: next boot PXE, power-cycle; wait for the callback).")
+_boot_verb("reimage", "Network-boot running nodes into a fresh copy of their image.")
+
 for _v, _h in [
     ("register", "Accept discovered nodes."),
     ("inventory", "Collect hardware facts over SSH (an operation with a progress bar)."),
-    ("provision", "Boot nodes into their image."),
-    ("reimage", "Put a fresh image on running nodes."),
     ("drain", "Stop scheduling jobs on nodes."),
     ("resume", "Return drained nodes to service."),
     ("retire", "Take nodes out of service for good."),

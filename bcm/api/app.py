@@ -83,6 +83,15 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         await app.state.runner.start()
         app.state.health = HealthWorker(engine, settings)
         app.state.health.start()
+        from bcm.services import pxe as pxe_svc
+        from bcm.workers import provision
+
+        app.state.dhcp = provision.make_dhcp(engine, settings) if settings.pxe.enabled else None
+        if app.state.dhcp is not None:
+            await app.state.dhcp.start(pxe_svc.server_url(settings) + "/boot/v1/ipxe/boot.ipxe")
+        app.state.provisioner = provision.Provisioner(engine, settings, app.state.runner, app.state.dhcp)
+        app.state.runner.provisioner = app.state.provisioner
+        app.state.provisioner.start()
         wlm_sync = asyncio.create_task(wlm_worker.loop(engine, settings), name="bcm-wlm-sync")
         from bcm.workers import power as power_worker
 
@@ -97,6 +106,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await wlm_sync
             await app.state.health.stop()
+            await app.state.provisioner.stop()
+            if app.state.dhcp is not None:
+                await app.state.dhcp.stop()
             await app.state.runner.shutdown()
 
     app = FastAPI(
@@ -140,12 +152,15 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
     from bcm.api.boot import images as boot_images
-    from bcm.api.v1 import images
+    from bcm.api.v1 import discovered, images
 
-    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images):
+    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images, discovered):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
     app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(metrics.router, responses=ERRORS)  # GET /metrics (viewer+)
     app.include_router(boot_images.router, responses=ERRORS)  # GET /boot/v1/images/… (no token, no secrets)
+    from bcm.api.boot import pxe as boot_pxe
+
+    app.include_router(boot_pxe.router, responses=ERRORS)  # iPXE scripts, discovery, overlay, callback
     return app

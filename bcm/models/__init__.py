@@ -8,10 +8,12 @@ from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
 from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
+from bcm.models.pxe import BootToken
 from bcm.models.wlm import WlmCluster
 
 __all__ = [
     "ApiToken",
+    "BootToken",
     "Category",
     "Event",
     "Gpu",

@@ -90,6 +90,12 @@ class Node(NodeSettings, table=True):
     power_checked_at: datetime | None = Field(default=None, sa_column=ts_column())
     running_image: str | None = Field(default=None, max_length=200)  # "<image>:<version>" last pushed
     image_pushed_at: datetime | None = Field(default=None, sa_column=ts_column())
+    # PXE provisioning (bcm.services.pxe): the host key bcm made for the node's overlay (Fernet, private
+    # part; the public part is pinned in ssh_host_key), and the node's place in the provisioning queue
+    host_key_enc: str | None = Field(default=None, sa_column=Column(Text))
+    provision_queued_at: datetime | None = Field(default=None, sa_column=ts_column())
+    provision_started_at: datetime | None = Field(default=None, sa_column=ts_column())
+    provision_deadline: datetime | None = Field(default=None, sa_column=ts_column())
 
 
 class NodeCreate(NodeSettings):

@@ -87,6 +87,7 @@ class Runner:
         self.tasks: set[asyncio.Task[None]] = set()
         self.running: dict[int, asyncio.Task[None]] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self.provisioner: Any = None  # bcm.workers.provision.Provisioner, set by the app
 
     async def start(self) -> None:
         """Size the worker threads to the pool; interrupt what dead servers left; start the heartbeat."""
@@ -123,6 +124,10 @@ class Runner:
                     task.cancel()
 
     async def verb(self, verb: str, names: list[str], actor: str, reason: str | None) -> VerbResult:
+        if verb in ("provision", "reimage"):  # queued for the Provisioner (bcm.workers.provision)
+            from bcm.workers.provision import provision_verb
+
+            return await provision_verb(self, verb, names, actor, reason)
         if verb in JOBS:
             timeout_s = TIMEOUTS[verb](self.settings, len(names))
             op_id = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason, timeout_s)

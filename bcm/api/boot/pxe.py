@@ -1,0 +1,125 @@
+"""Node-facing PXE endpoints (no admin token; nothing here answers a secret without a one-time boot token).
+
+- ``GET /boot/v1/ipxe/boot.ipxe``: the script dnsmasq hands to every iPXE client; it chains to
+- ``GET /boot/v1/ipxe/{mac}``: the script for that machine's purpose (discovery, image, local, noimage);
+- ``POST /boot/v1/discover``: the discovery image reports a machine's facts;
+- ``GET /boot/v1/overlay/{mac}``: the node's own files (host key, hostname, hosts, callback), with its
+  one-time boot token as the bearer token;
+- ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Path, Request, status
+from fastapi.responses import PlainTextResponse, Response
+from pydantic import ValidationError
+
+from bcm.api.boot.agent import capped_body
+from bcm.api.deps import bearer
+from bcm.db import session_scope
+from bcm.domain.naming import normalize_mac
+from bcm.errors import InvalidInput
+from bcm.models.pxe import DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
+from bcm.services import pxe as svc
+
+router = APIRouter(prefix="/boot/v1", tags=["boot"])
+MacPath = Annotated[
+    str,
+    Path(
+        min_length=12,
+        max_length=17,
+        pattern=r"^[0-9A-Fa-f]{2}([:-]?[0-9A-Fa-f]{2}){5}$",
+        description="the MAC the machine booted from (52:54:00:00:00:01 or 52-54-00-00-00-01)",
+    ),
+]
+IPXE = "text/plain; charset=utf-8"
+
+
+def _peer(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+@router.get("/ipxe/boot.ipxe", response_class=PlainTextResponse)
+def entry(request: Request) -> PlainTextResponse:
+    """The first script: chain to the one for the booting MAC."""
+    return PlainTextResponse(svc.entry_script(request.app.state.settings), media_type=IPXE)
+
+
+@router.get("/ipxe/{mac}", response_class=PlainTextResponse)
+async def ipxe_script(mac: MacPath, request: Request) -> PlainTextResponse:
+    """The iPXE script for this machine's purpose (an unknown MAC gets discovery)."""
+    address = normalize_mac(mac)
+    engine, settings = request.app.state.engine, request.app.state.settings
+
+    def work() -> svc.BootScript:
+        with session_scope(engine) as session:
+            return svc.boot_script(session, settings, address)
+
+    script = await anyio.to_thread.run_sync(work)
+    return PlainTextResponse(script.text, media_type=IPXE, headers={"X-Bcm-Purpose": script.purpose,
+                                                                      "Cache-Control": "no-store"})  # fmt: skip
+
+
+@router.post("/discover", response_model=DiscoveryAccepted, status_code=status.HTTP_202_ACCEPTED)
+async def discover(request: Request) -> DiscoveryAccepted:
+    """A machine booted into the discovery image posts its MAC and facts; it appears as discovered."""
+    body = await capped_body(request)
+    try:
+        report = DiscoveryReport.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid report"}
+        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise InvalidInput(f"{field}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}",
+                           field=field) from None  # fmt: skip
+    engine, settings = request.app.state.engine, request.app.state.settings
+
+    def work() -> DiscoveryAccepted:
+        with session_scope(engine) as session:
+            return svc.discover(session, settings, report, _peer(request))
+
+    accepted = await anyio.to_thread.run_sync(work)
+    await _sync_dnsmasq(request)
+    return accepted
+
+
+@router.get("/overlay/{mac}", response_class=Response, responses={200: {"content": {"application/gzip": {}}}})
+async def overlay(mac: MacPath, request: Request) -> Response:
+    """The node's overlay (tar.gz), for the holder of its current one-time boot token only."""
+    address = normalize_mac(mac)
+    engine, settings = request.app.state.engine, request.app.state.settings
+    token = bearer(request)
+
+    def work() -> bytes:
+        with session_scope(engine) as session:
+            return svc.overlay(session, settings, address, token)
+
+    data = await anyio.to_thread.run_sync(work)
+    return Response(data, media_type="application/gzip", headers={"Cache-Control": "no-store"})
+
+
+@router.post("/hello", response_model=HelloAnswer)
+async def hello(body: HelloRequest, request: Request) -> HelloAnswer:
+    """The booted node's callback: its one-time token (bearer) becomes its agent token; → booted."""
+    engine = request.app.state.engine
+    token = bearer(request)
+
+    def work() -> HelloAnswer:
+        with session_scope(engine) as session:
+            node, secret = svc.hello(session, body.mac, token, _peer(request))
+            return HelloAnswer(node=node.name, state=node.provision_state, agent_token=secret)
+
+    answer = await anyio.to_thread.run_sync(work)
+    provisioner = getattr(request.app.state, "provisioner", None)
+    if provisioner is not None:
+        provisioner.booted(answer.node)
+    await _sync_dnsmasq(request)
+    return answer
+
+
+async def _sync_dnsmasq(request: Request) -> None:
+    dhcp = getattr(request.app.state, "dhcp", None)
+    if dhcp is not None:
+        await dhcp.sync()

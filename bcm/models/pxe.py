@@ -1,0 +1,98 @@
+"""PXE provisioning: one-time boot tokens, and the API schemas of discovery, assignment and callback.
+
+A boot token is minted each time a provisioning node fetches its iPXE script; it is stored hashed, works
+once, only for that node's MAC, only while the node is provisioning and before ``expires_at`` (Ironic's
+rule for its agent token). Using it answers the node's long-lived agent token.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import field_validator
+from sqlmodel import Field, SQLModel
+
+from bcm.domain.facts import HardwareFacts
+from bcm.domain.naming import check_name, normalize_mac
+from bcm.models.base import ts_column, utcnow
+
+
+class BootToken(SQLModel, table=True):
+    __tablename__ = "boot_token"
+
+    id: int | None = Field(default=None, primary_key=True)
+    node_id: int = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+    mac: str = Field(max_length=17)
+    token_hash: str = Field(max_length=64, unique=True, index=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    expires_at: datetime = Field(sa_column=ts_column(nullable=False))
+    used_at: datetime | None = Field(default=None, sa_column=ts_column())
+
+
+class DiscoveryReport(SQLModel):
+    """What a machine booted into the discovery image posts: its boot MAC and what it found."""
+
+    mac: str
+    facts: HardwareFacts
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str) -> str:
+        return normalize_mac(v)
+
+
+class DiscoveryAccepted(SQLModel):
+    node: str
+    state: str
+    assigned: bool = False
+
+
+class HelloRequest(SQLModel):
+    """A booted node's first call: its boot MAC; the one-time token travels as the bearer token."""
+
+    mac: str
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str) -> str:
+        return normalize_mac(v)
+
+
+class HelloAnswer(SQLModel):
+    node: str
+    state: str
+    agent_token: str
+
+
+class AssignRequest(SQLModel):
+    """Accept a discovered machine: give it its name (and category, image) and make it registered."""
+
+    mac: str
+    name: str = Field(max_length=63)
+    category: str | None = Field(default=None, max_length=63)
+    image: str | None = Field(default=None, max_length=128)
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str) -> str:
+        return normalize_mac(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v)
+
+
+class DiscoveredPublic(SQLModel):
+    """A discovered machine as `bcm node discovered` lists it."""
+
+    name: str
+    mac: str | None
+    cpu_model: str | None = None
+    threads: int | None = None
+    memory_bytes: int | None = None
+    disks: int = 0
+    nvidia_pci_devices: int = 0
+    product: str | None = None
+    discovered_at: datetime
+    updated_at: datetime

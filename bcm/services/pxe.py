@@ -1,0 +1,485 @@
+"""PXE provisioning use cases: which boot script a machine gets, discovery, assignment, the one-time boot
+token and the callback that trades it for an agent token, the per-node overlay, and the provisioning queue.
+
+Purposes (one iPXE template each, as MAAS does): ``discovery`` for an unknown or discovered MAC; ``image``
+for a provisioning node whose effective image is ready (kernel, initramfs, root image, overlay, and a
+one-time token on the kernel command line); ``noimage`` for a provisioning node with no image to boot (the
+node fails with ``last_error`` and an event); ``local`` for every other known node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import secrets
+import tarfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from bcm.domain.facts import HardwareFacts
+from bcm.domain.inheritance import effective_settings
+from bcm.domain.naming import normalize_mac
+from bcm.domain.states import State, Verb, next_state
+from bcm.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from bcm.models.base import utcnow
+from bcm.models.category import Category
+from bcm.models.image import Image, ImageArtifact
+from bcm.models.node import Interface, Node
+from bcm.models.pxe import AssignRequest, BootToken, DiscoveryAccepted, DiscoveryReport
+from bcm.services import events
+from bcm.services import images as image_svc
+from bcm.services import secrets as secret_svc
+from bcm.services.render import render
+from bcm.settings import Settings
+
+ACTOR = "bcm:pxe"
+TOKEN_PREFIX = "bcmboot_"  # noqa: S105 - a prefix, not a secret
+DISCOVERED_PREFIX = "mac-"
+LOCAL_BOOT_MODES = frozenset({"local", "disk"})
+
+
+@dataclass(frozen=True)
+class BootScript:
+    purpose: str
+    text: str
+    node: str | None = None
+
+
+def server_url(settings: Settings) -> str:
+    """How nodes reach bcm over HTTP."""
+    if settings.pxe.server_url:
+        return settings.pxe.server_url.rstrip("/")
+    host = settings.pxe.address or settings.host
+    return f"http://{host}:{settings.port}"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_by_mac(session: Session, mac: str) -> Node | None:
+    iface = session.exec(select(Interface).where(Interface.mac == mac)).first()
+    return session.get(Node, iface.node_id) if iface is not None else None
+
+
+def entry_script(settings: Settings) -> str:
+    return render("ipxe/boot.ipxe.j2", server_url=server_url(settings))
+
+
+# ---- images a machine boots --------------------------------------------------------------------------
+
+
+def effective_image(session: Session, node: Node) -> tuple[str | None, str, str]:
+    """(image name, boot mode, kernel arguments) after category inheritance."""
+    cat = session.get(Category, node.category_id) if node.category_id else None
+    values = effective_settings(node.model_dump(), cat.model_dump() if cat else None).values
+    return values["image"], str(values["boot_mode"] or "pxe"), str(values["kernel_args"] or "")
+
+
+def _ready_version(session: Session, name: str) -> Image | None:
+    try:
+        image = image_svc.get(session, name)
+    except NotFound:
+        return None
+    return image if image.state == "ready" else None
+
+
+def discovery_image(session: Session, settings: Settings) -> Image | None:
+    """The configured discovery image, else the newest ready image of any name."""
+    if settings.pxe.discovery_image:
+        return _ready_version(session, settings.pxe.discovery_image)
+    return session.exec(
+        select(Image).where(Image.state == "ready", col(Image.is_current)).order_by(col(Image.published_at).desc())
+    ).first()
+
+
+def _artifact_urls(session: Session, settings: Settings, image: Image) -> dict[str, ImageArtifact]:
+    """kernel, initramfs and rootfs of a version, each present on disk at its published size."""
+    found = {a.kind: a for a in image_svc.artifacts(session, image)}
+    base = image_svc.version_dir(settings.images_dir, image.name, image.version)
+    for kind in ("kernel", "initramfs", "rootfs"):
+        a = found.get(kind)
+        if a is None:
+            raise NotFound(f"image {image.name}:{image.version} has no {kind}")
+        path = base / a.filename
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise NotFound(f"image {image.name}:{image.version}: {a.filename} is missing on the server") from None
+        if size != a.size:
+            raise NotFound(f"image {image.name}:{image.version}: {a.filename} is not the size recorded at publish")
+    return found
+
+
+def _url(settings: Settings, image: Image, a: ImageArtifact) -> str:
+    return server_url(settings) + image_svc.artifact_url(image, a)
+
+
+def boot_script(session: Session, settings: Settings, mac: str) -> BootScript:
+    """The iPXE script for the machine that booted from ``mac`` (the caller commits: tokens, events)."""
+    node = node_by_mac(session, mac)
+    if node is None or node.provision_state == State.DISCOVERED.value:
+        return _discovery(session, settings, mac, node)
+    if node.provision_state != State.PROVISIONING.value:
+        return BootScript("local", render("ipxe/local.ipxe.j2", node=node.name, state=node.provision_state), node.name)
+    name, mode, kernel_args = effective_image(session, node)
+    if mode in LOCAL_BOOT_MODES:
+        return BootScript("local", render("ipxe/local.ipxe.j2", node=node.name, state=node.provision_state), node.name)
+    image = _ready_version(session, name) if name else None
+    if image is None:
+        why = "no image assigned" if not name else f"image {name} has no ready version"
+        return _no_image(session, node, why)
+    try:
+        found = _artifact_urls(session, settings, image)
+    except NotFound as exc:
+        return _no_image(session, node, exc.message)
+    token = mint_boot_token(session, settings, node, mac)
+    kernel, initrd, rootfs = found["kernel"], found["initramfs"], found["rootfs"]
+    cmdline = " ".join(
+        [
+            f"bcm.root={_url(settings, image, rootfs)}",
+            f"bcm.root_sha256={rootfs.sha256}",
+            f"bcm.overlay={server_url(settings)}/boot/v1/overlay/{mac}",
+            f"bcm.server={server_url(settings)}",
+            f"bcm.node={node.name}",
+            f"bcm.mac={mac}",
+            f"bcm.token={token}",
+            settings.pxe.kernel_args,
+            kernel_args,
+        ]
+    ).strip()
+    events.record(session, ACTOR, "boot.script", node.name, f"image {image.name}:{image.version} for {mac}")
+    text = render(
+        "ipxe/image.ipxe.j2",
+        node=node.name,
+        image=f"{image.name}:{image.version}",
+        kernel_url=_url(settings, image, kernel),
+        initrd_url=_url(settings, image, initrd),
+        cmdline=cmdline,
+    )
+    return BootScript("image", text, node.name)
+
+
+def _discovery(session: Session, settings: Settings, mac: str, node: Node | None) -> BootScript:
+    image = discovery_image(session, settings)
+    found = None
+    if image is not None:
+        try:
+            found = _artifact_urls(session, settings, image)
+        except NotFound:
+            found = None
+    if image is None or found is None:
+        events.record(session, ACTOR, "boot.discovery", mac, "no ready discovery image to boot", severity="warning")
+        message = "no discovery image is ready (build one: bcm image build base)"
+        return BootScript("noimage", render("ipxe/noimage.ipxe.j2", node=mac, message=message))
+    cmdline = f"bcm.discover={server_url(settings)}/boot/v1/discover bcm.mac={mac} {settings.pxe.kernel_args}"
+    text = render(
+        "ipxe/discovery.ipxe.j2",
+        mac=mac,
+        image=f"{image.name}:{image.version}",
+        kernel_url=_url(settings, image, found["kernel"]),
+        initrd_url=_url(settings, image, found["initramfs"]),
+        cmdline=cmdline.strip(),
+    )
+    return BootScript("discovery", text, node.name if node else None)
+
+
+def _no_image(session: Session, node: Node, why: str) -> BootScript:
+    """A provisioning node with nothing to boot fails now (not after the timeout), with an event."""
+    fail(session, node, f"provisioning: {why}")
+    return BootScript("noimage", render("ipxe/noimage.ipxe.j2", node=node.name, message=why), node.name)
+
+
+# ---- one-time boot tokens and the callback ------------------------------------------------------------
+
+
+def mint_boot_token(session: Session, settings: Settings, node: Node, mac: str) -> str:
+    """A fresh one-time token for this boot; earlier unused ones of the node stop working."""
+    assert node.id is not None
+    now = utcnow()
+    for old in session.exec(select(BootToken).where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))):
+        session.delete(old)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    expires = node.provision_deadline or now + timedelta(seconds=settings.pxe.provision_timeout_s)
+    session.add(BootToken(node_id=node.id, mac=mac, token_hash=hash_token(token), expires_at=expires))
+    return token
+
+
+def _refuse(session: Session, mac: str, why: str, node: str | None = None) -> None:
+    events.record(session, ACTOR, "boot.token", node or mac, f"refused from {mac}: {why}", severity="warning")
+    session.commit()
+
+
+def check_boot_token(session: Session, mac: str, token: str | None, *, consume: bool) -> tuple[Node, BootToken]:
+    """The node a one-time token belongs to, checked against Ironic's rule; a refusal is recorded."""
+    if not token:
+        raise Unauthorized("no boot token: send `Authorization: Bearer <bcm.token from the kernel command line>`")
+    row = session.exec(select(BootToken).where(BootToken.token_hash == hash_token(token))).first()
+    if row is None:
+        _refuse(session, mac, "unknown boot token")
+        raise Unauthorized("boot token not valid")
+    node = session.get(Node, row.node_id)
+    name = node.name if node else None
+    if row.mac != mac:
+        _refuse(session, mac, f"the token was issued for another machine ({row.mac})", name)
+        raise Forbidden("this boot token belongs to another machine")
+    if row.used_at is not None:
+        _refuse(session, mac, "the token was used already", name)
+        raise Unauthorized("boot token used already")
+    if row.expires_at <= utcnow():
+        _refuse(session, mac, "the token expired", name)
+        raise Unauthorized("boot token expired")
+    if node is None or node.provision_state != State.PROVISIONING.value:
+        _refuse(session, mac, f"node is {node.provision_state if node else 'gone'}, not provisioning", name)
+        raise Conflict(f"node {name} is not provisioning")
+    if consume:
+        row.used_at = utcnow()
+        session.add(row)
+    return node, row
+
+
+def hello(session: Session, mac: str, token: str | None, peer: str | None) -> tuple[Node, str]:
+    """A booted node's callback: the one-time token becomes its agent token; provisioning → booted."""
+    from bcm.services import agents as agent_svc
+
+    node, _ = check_boot_token(session, mac, token, consume=True)
+    _, secret = agent_svc.issue_node_token(session, node.name, ACTOR)
+    node.provision_state = next_state(node.name, node.provision_state, Verb.BOOT_DONE).value
+    node.target_state = None
+    node.last_error = None
+    node.provision_queued_at = node.provision_started_at = node.provision_deadline = None
+    node.updated_at = utcnow()
+    session.add(node)
+    iface = session.exec(select(Interface).where(Interface.mac == mac)).first()
+    if iface is not None and iface.ip is None and peer:
+        taken = session.exec(select(Interface).where(Interface.ip == peer)).first()
+        if taken is None:
+            iface.ip = peer
+            session.add(iface)
+    events.record(session, ACTOR, "node.booted", node.name, f"called back from {peer or 'unknown'} ({mac})")
+    session.flush()
+    return node, secret
+
+
+# ---- discovery and assignment -------------------------------------------------------------------------
+
+
+def discovered_name(mac: str) -> str:
+    return DISCOVERED_PREFIX + mac.replace(":", "")
+
+
+def discover(session: Session, settings: Settings, report: DiscoveryReport, peer: str | None) -> DiscoveryAccepted:
+    """Record what an unknown machine found about itself; it appears as ``discovered``."""
+    facts = report.facts.model_dump(mode="json")
+    node = node_by_mac(session, report.mac)
+    if node is not None and node.provision_state != State.DISCOVERED.value:
+        return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True)
+    if node is None:
+        waiting = session.exec(
+            select(func.count()).select_from(Node).where(Node.provision_state == State.DISCOVERED.value)
+        ).one()
+        if waiting >= settings.pxe.max_discovered:
+            events.record(session, ACTOR, "node.discovered", report.mac, "refused: too many discovered machines",
+                          severity="warning")  # fmt: skip
+            session.commit()
+            raise Conflict(
+                f"{waiting} discovered machines wait to be assigned (limit {settings.pxe.max_discovered}); "
+                "assign or remove some (bcm node discovered)"
+            )
+        node = Node(name=discovered_name(report.mac), provision_state=State.DISCOVERED.value)
+        session.add(node)
+        session.flush()
+        assert node.id is not None
+        session.add(Interface(node_id=node.id, name=_boot_nic(report.facts, report.mac), mac=report.mac, boot=True))
+        events.record(session, ACTOR, "node.discovered", node.name, f"{report.mac} from {peer or 'unknown'}")
+    node.facts = facts
+    node.updated_at = utcnow()
+    session.add(node)
+    session.flush()
+    return DiscoveryAccepted(node=node.name, state=node.provision_state)
+
+
+def _boot_nic(facts: HardwareFacts, mac: str) -> str:
+    for nic in facts.nics:
+        if nic.mac and nic.mac.lower() == mac and 1 <= len(nic.name) <= 15:
+            return nic.name
+    return "eth0"
+
+
+def list_discovered(session: Session) -> list[Node]:
+    return list(
+        session.exec(select(Node).where(Node.provision_state == State.DISCOVERED.value).order_by(col(Node.name)))
+    )
+
+
+def assign(session: Session, req: AssignRequest, actor: str) -> Node:
+    """A discovered machine gets its name, category and image and becomes ``registered``."""
+    node = node_by_mac(session, req.mac)
+    if node is None:
+        raise NotFound(f"no machine with MAC {req.mac} was discovered (see `bcm node discovered`)")
+    if node.provision_state != State.DISCOVERED.value:
+        raise Conflict(f"{req.mac} is node {node.name}, {node.provision_state}: only discovered machines are assigned")
+    if req.name != node.name and session.exec(select(Node.id).where(Node.name == req.name)).first() is not None:
+        raise Conflict(f"name: a node named {req.name} exists already", field="name")
+    if req.category is not None:
+        cat = session.exec(select(Category).where(Category.name == req.category)).first()
+        if cat is None:
+            raise InvalidInput(f"category: no category named {req.category!r}", field="category")
+        node.category_id = cat.id
+    if req.image is not None:
+        image_svc.check_reference(session, req.image)
+        node.image = req.image
+    was = node.name
+    node.name = req.name
+    node.provision_state = next_state(node.name, node.provision_state, Verb.REGISTER).value
+    node.updated_at = utcnow()
+    session.add(node)
+    events.record(session, actor, "node.assign", req.name, f"discovered {req.mac} ({was}) assigned")
+    session.flush()
+    return node
+
+
+# ---- the per-node overlay -----------------------------------------------------------------------------
+
+
+def ensure_host_key(session: Session, state_dir: Path, node: Node) -> str:
+    """The node's SSH host key, made by bcm (private part encrypted at rest, public part pinned)."""
+    import asyncssh
+
+    if node.host_key_enc and node.ssh_host_key:
+        return node.ssh_host_key
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    public = key.export_public_key("openssh").decode().split()
+    node.ssh_host_key = f"{public[0]} {public[1]}"
+    node.host_key_enc = secret_svc.encrypt(state_dir, key.export_private_key("openssh").decode())
+    session.add(node)
+    return node.ssh_host_key
+
+
+def _add(tar: tarfile.TarFile, path: str, data: bytes | None, mode: int, kind: bytes = tarfile.REGTYPE,
+         link: str = "") -> None:  # fmt: skip
+    info = tarfile.TarInfo(path)
+    info.mode, info.type, info.mtime, info.uname, info.gname = mode, kind, int(time.time()), "root", "root"
+    if kind == tarfile.SYMTYPE:
+        info.linkname = link
+    if data is not None:
+        info.size = len(data)
+    tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def overlay(session: Session, settings: Settings, mac: str, token: str | None) -> bytes:
+    """The files only this node gets at boot, as one tar.gz the initramfs unpacks over the image."""
+    node, _ = check_boot_token(session, mac, token, consume=False)
+    pub = ensure_host_key(session, settings.state_dir, node)
+    assert node.host_key_enc is not None
+    private = secret_svc.decrypt(settings.state_dir, node.host_key_enc)
+    head_key = (settings.ssh_key_file.with_suffix(".pub")).read_text().strip()
+    hosts = session.exec(
+        select(Node.name, Interface.ip).join(Interface, col(Interface.node_id) == col(Node.id))
+        .where(col(Interface.ip).is_not(None), Node.provision_state != State.DISCOVERED.value)
+        .order_by(col(Node.name)).limit(10000)
+    ).all()  # fmt: skip
+    ctx: dict[str, Any] = {"node": node.name, "server_url": server_url(settings), "head": settings.pxe.address,
+                           "hosts": [(n, ip) for n, ip in hosts]}  # fmt: skip
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for d in ("etc", "etc/ssh", "etc/ssh/sshd_config.d", "etc/bcm", "etc/systemd", "etc/systemd/system",
+                  "etc/systemd/system/multi-user.target.wants", "usr", "usr/local", "usr/local/sbin"):  # fmt: skip
+            _add(tar, d, None, 0o755, tarfile.DIRTYPE)
+        _add(tar, "root", None, 0o700, tarfile.DIRTYPE)
+        _add(tar, "root/.ssh", None, 0o700, tarfile.DIRTYPE)
+        _add(tar, "etc/hostname", f"{node.name}\n".encode(), 0o644)
+        _add(tar, "etc/hosts", render("overlay/etc/hosts.j2", **ctx).encode(), 0o644)
+        _add(tar, "etc/ssh/ssh_host_ed25519_key", private.encode(), 0o600)
+        _add(tar, "etc/ssh/ssh_host_ed25519_key.pub", f"{pub} root@{node.name}\n".encode(), 0o644)
+        _add(tar, "etc/ssh/sshd_config.d/bcm.conf", render("overlay/etc/ssh/sshd_config.d/bcm.conf.j2", **ctx).encode(),
+             0o644)  # fmt: skip
+        _add(tar, "root/.ssh/authorized_keys", f"{head_key}\n".encode(), 0o600)
+        _add(tar, "etc/bcm/node.json", json.dumps({"node": node.name, "server_url": ctx["server_url"]}).encode(), 0o644)
+        _add(tar, "usr/local/sbin/bcm-hello", render("overlay/usr/local/sbin/bcm-hello.j2", **ctx).encode(), 0o755)
+        _add(tar, "etc/systemd/system/bcm-hello.service",
+             render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx).encode(), 0o644)  # fmt: skip
+        _add(tar, "etc/systemd/system/multi-user.target.wants/bcm-hello.service", None, 0o777, tarfile.SYMTYPE,
+             "/etc/systemd/system/bcm-hello.service")  # fmt: skip
+    events.record(session, ACTOR, "boot.overlay", node.name, f"overlay sent to {mac}")
+    return buf.getvalue()
+
+
+# ---- the provisioning queue ---------------------------------------------------------------------------
+
+
+def fail(session: Session, node: Node, why: str) -> None:
+    node.provision_state = next_state(node.name, node.provision_state, Verb.FAIL).value
+    node.target_state = None
+    node.last_error = why[:2000]
+    node.provision_queued_at = node.provision_started_at = node.provision_deadline = None
+    node.updated_at = utcnow()
+    session.add(node)
+    events.record(session, ACTOR, "node.provision", node.name, why, severity="error")
+
+
+def queue(session: Session, nodes: list[Node]) -> None:
+    """Nodes a provision/reimage verb moved to ``provisioning`` wait their turn (oldest first)."""
+    now = utcnow()
+    for n in nodes:
+        n.target_state = State.BOOTED.value
+        n.last_error = None
+        n.provision_queued_at, n.provision_started_at, n.provision_deadline = now, None, None
+        session.add(n)
+
+
+def timed_out(session: Session, now: datetime) -> list[str]:
+    """Provisioning nodes past their deadline fail (a server that was down fails them at its next start)."""
+    late = session.exec(
+        select(Node).where(Node.provision_state == State.PROVISIONING.value, col(Node.provision_deadline) < now)
+    ).all()
+    for n in late:
+        fail(session, n, "provisioning: the node did not call back before its deadline "
+             f"({n.provision_deadline:%Y-%m-%d %H:%M:%S} UTC); check its console")  # fmt: skip
+    return [n.name for n in late]
+
+
+def claim(session: Session, settings: Settings, now: datetime) -> list[str]:
+    """Start the next queued nodes, so that at most ``pxe.max_concurrent`` provision at once."""
+    in_flight = session.exec(
+        select(func.count()).select_from(Node).where(
+            Node.provision_state == State.PROVISIONING.value, col(Node.provision_started_at).is_not(None)
+        )
+    ).one()
+    room = settings.pxe.max_concurrent - in_flight
+    if room <= 0:
+        return []
+    nodes = session.exec(
+        select(Node).where(
+            Node.provision_state == State.PROVISIONING.value,
+            col(Node.provision_started_at).is_(None),
+            col(Node.lock_owner).is_(None) | (col(Node.lock_expires) < now),
+        ).order_by(col(Node.provision_queued_at), col(Node.id)).limit(room)
+    ).all()  # fmt: skip
+    deadline = now + timedelta(seconds=settings.pxe.provision_timeout_s)
+    for n in nodes:
+        n.provision_queued_at = n.provision_queued_at or now
+        n.provision_started_at, n.provision_deadline = now, deadline
+        ensure_host_key(session, settings.state_dir, n)
+        session.add(n)
+    return [n.name for n in nodes]
+
+
+# ---- dnsmasq host entries -----------------------------------------------------------------------------
+
+
+def host_entries(session: Session) -> list[tuple[str, str | None, str]]:
+    """(mac, ip, name) of every known machine's boot interface (discovered ones get no fixed entry)."""
+    rows = session.exec(
+        select(Interface.mac, Interface.ip, Node.name).join(Node, col(Node.id) == col(Interface.node_id))
+        .where(col(Interface.mac).is_not(None), col(Interface.boot), Node.provision_state != State.DISCOVERED.value)
+        .order_by(col(Interface.mac))
+    ).all()  # fmt: skip
+    return [(normalize_mac(m), ip, name) for m, ip, name in rows if m]

@@ -1,0 +1,346 @@
+"""PXE provisioning through the API, on SQLite and PostgreSQL: boot purposes, discovery and assignment, the
+provisioning queue behind ``provision`` (a real IPMI BMC emulator on loopback powers a stand-in machine),
+the one-time boot token (Ironic's rule), the overlay, the callback, deadlines and a server restart.
+
+The image served is published by the images service from small files (the artifacts' bytes do not matter
+to the boot script; a real build and a real VM boot are in tests/lab/test_pxe.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from bcm.api.app import create_app
+from bcm.drivers import imagebuild
+from bcm.lab.chassis import Machine
+from bcm.models.event import Event
+from bcm.services import images as image_svc
+from tests.api.test_power_api import PASSWORD, bmcs, wait_op  # noqa: F401 - fixture
+
+MAC = "52:54:00:aa:00:01"
+FACTS = {
+    "format_version": 1,
+    "kernel": "6.1.0-28-amd64",
+    "cpu": {"model": "QEMU Virtual CPU", "vendor": "GenuineIntel", "threads": 4},
+    "memory_bytes": 1 << 30,
+    "nics": [{"name": "ens3", "mac": MAC, "mtu": 1500, "state": "up", "physical": True}],
+    "disks": [{"name": "vda", "size_bytes": 10 << 30, "rotational": False}],
+    "pci_devices": [{"slot": "0000:00:04.0", "vendor_id": "10de", "device_id": "2330", "class_id": "0302"}],
+}
+
+
+def publish_image(engine: Any, settings: Any, name: str = "img") -> str:
+    """Publish version 1 of ``name`` from three small files, through the images service."""
+    with Session(engine) as s:
+        image = image_svc.begin_build(s, name, None, "test")
+        staging = image_svc.staging_dir(settings.images_dir, name, image.version, 1)
+        staging.mkdir(parents=True)
+        found = []
+        for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+            data = f"{kind} of {name}".encode()
+            (staging / filename).write_bytes(data)
+            found.append(imagebuild.Artifact(kind, filename, len(data), hashlib.sha256(data).hexdigest()))
+        image_svc.publish(s, image, staging, settings.images_dir, found, {}, 3)
+        s.commit()
+        return image.version
+
+
+def events(engine: Any, action: str) -> list[Event]:
+    with Session(engine) as s:
+        return list(s.exec(select(Event).where(Event.action == action)))
+
+
+def script(api: TestClient, mac: str) -> tuple[str, str]:
+    r = api.get(f"/boot/v1/ipxe/{mac.replace(':', '-')}", headers={"Authorization": ""})
+    assert r.status_code == 200, r.text
+    assert r.text.startswith("#!ipxe\n")
+    return r.headers["x-bcm-purpose"], r.text
+
+
+def token_of(text: str) -> str:
+    m = re.search(r"bcm\.token=(\S+)", text)
+    assert m, text
+    return m.group(1)
+
+
+def node(api: TestClient, name: str) -> dict[str, Any]:
+    r = api.get(f"/api/v1/nodes/{name}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_state(api: TestClient, name: str, state: str, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = node(api, name)
+        if n["provision_state"] == state:
+            return n
+        time.sleep(0.2)
+    raise AssertionError(f"{name} is {node(api, name)['provision_state']}, not {state}, after {timeout_s}s")
+
+
+def add_with_bmc(api: TestClient, name: str, mac: str, spec: Any, **extra: Any) -> None:
+    body = {"name": name, "mac": mac, "bmc_address": spec.address, "bmc_protocol": spec.kind, "bmc_user": "admin",
+            **extra}  # fmt: skip
+    assert api.post("/api/v1/nodes", json=body).status_code == 201
+    r = api.put("/api/v1/nodes/bmc-password", json={"nodes": name, "password": PASSWORD})
+    assert r.status_code in (200, 204), r.text
+
+
+def provision_op(api: TestClient, name: str) -> dict[str, Any]:
+    """The provision operation the queue started for ``name`` (its PXE power step)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ops = api.get("/api/v1/operations", params={"kind": "provision"}).json()
+        items = ops["items"] if isinstance(ops, dict) else ops
+        for op in items:
+            if name in op["targets"]:
+                return wait_op(api, op["id"])
+        time.sleep(0.2)
+    raise AssertionError(f"no provision operation for {name}")
+
+
+def test_entry_script_chains_to_the_mac(api: TestClient) -> None:
+    r = api.get("/boot/v1/ipxe/boot.ipxe", headers={"Authorization": ""})
+    assert r.status_code == 200
+    assert "/boot/v1/ipxe/${netX/mac:hexhyp}" in r.text
+
+
+def test_unknown_mac_without_any_image_gets_the_noimage_script_and_an_event(api: TestClient, engine: Any) -> None:
+    purpose, text = script(api, MAC)
+    assert purpose == "noimage" and "no discovery image" in text
+    assert any(e.target == MAC for e in events(engine, "boot.discovery"))
+    assert api.get("/boot/v1/ipxe/not-a-mac", headers={"Authorization": ""}).status_code == 422
+
+
+def test_discovery_then_assign(api: TestClient, engine: Any, settings: Any) -> None:
+    version = publish_image(engine, settings)
+    purpose, text = script(api, MAC)
+    assert purpose == "discovery"
+    assert f"/boot/v1/images/img/{version}/vmlinuz" in text and "bcm.discover=" in text and "bcm.token" not in text
+    r = api.post("/boot/v1/discover", json={"mac": MAC.upper(), "facts": FACTS}, headers={"Authorization": ""})
+    assert r.status_code == 202, r.text
+    assert r.json() == {"node": "mac-525400aa0001", "state": "discovered", "assigned": False}
+    listed = api.get("/api/v1/discovered").json()
+    assert [(d["mac"], d["threads"], d["nvidia_pci_devices"], d["disks"]) for d in listed] == [(MAC, 4, 1, 1)]
+    # a second report of the same machine updates it; a bad one is a 422 naming the field, and stores nothing
+    FACTS2 = {**FACTS, "cpu": {"threads": 8}}
+    assert api.post("/boot/v1/discover", json={"mac": MAC, "facts": FACTS2}, headers={"Authorization": ""}).status_code == 202
+    bad = api.post("/boot/v1/discover", json={"mac": "zz", "facts": FACTS}, headers={"Authorization": ""})
+    assert bad.status_code == 422 and bad.json()["field"] == "mac"
+    assert [d["threads"] for d in api.get("/api/v1/discovered").json()] == [8]
+    # still discovery until assigned
+    assert script(api, MAC)[0] == "discovery"
+    r = api.post("/api/v1/discovered/assign", json={"mac": MAC, "name": "gpu01", "image": "img"})
+    assert r.status_code == 200, r.text
+    assert r.json()["provision_state"] == "registered" and r.json()["image"] == "img"
+    assert api.get("/api/v1/discovered").json() == []
+    again = api.post("/api/v1/discovered/assign", json={"mac": MAC, "name": "gpu02"})
+    assert again.status_code == 409
+    unknown = api.post("/api/v1/discovered/assign", json={"mac": "52:54:00:aa:00:99", "name": "gpu03"})
+    assert unknown.status_code == 404
+    # a known node that is not provisioning boots locally
+    assert script(api, MAC)[0] == "local"
+
+
+def test_discovery_is_bounded(api: TestClient, settings: Any) -> None:
+    settings.pxe.max_discovered = 2
+    for i in range(2):
+        r = api.post("/boot/v1/discover", json={"mac": f"52:54:00:aa:01:0{i}", "facts": FACTS}, headers={"Authorization": ""})
+        assert r.status_code == 202
+    r = api.post("/boot/v1/discover", json={"mac": "52:54:00:aa:01:09", "facts": FACTS}, headers={"Authorization": ""})
+    assert r.status_code == 409 and "limit 2" in r.json()["message"]
+    assert len(api.get("/api/v1/discovered").json()) == 2
+
+
+def test_provision_boot_token_overlay_and_callback(
+    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]
+) -> None:
+    publish_image(engine, settings)
+    spec = bmcs["ipmi"]
+    add_with_bmc(api, "gpu01", MAC, spec, image="img")
+    r = api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"})
+    assert r.status_code == 200, r.text
+    assert r.json()["nodes"][0]["status"] == "queued"
+    op = provision_op(api, "gpu01")
+    assert op["state"] == "succeeded" and op["results"]["gpu01"]["status"] == "ok", op
+    machine = Machine(spec.dir)
+    assert machine.is_on() and machine.boot() == "default"  # the one-time PXE boot was used by this power-on
+    assert node(api, "gpu01")["provision_state"] == "provisioning"
+
+    purpose, text = script(api, MAC)
+    assert purpose == "image" and "/boot/v1/images/img/1/rootfs.squashfs" in text
+    first = token_of(text)
+    token = token_of(script(api, MAC)[1])  # a second fetch (a reboot) mints a new one; the first is dead
+    assert token != first
+
+    def overlay(tok: str | None, mac: str = MAC) -> Any:
+        return api.get(f"/boot/v1/overlay/{mac}", headers={"Authorization": f"Bearer {tok}" if tok else ""})
+
+    assert overlay(None).status_code == 401
+    assert overlay(first).status_code == 401
+    assert overlay(token, "52:54:00:aa:00:02").status_code == 403
+    r = overlay(token)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/gzip"
+    files = tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz")
+    names = set(files.getnames())
+    assert {"etc/hostname", "etc/ssh/ssh_host_ed25519_key", "root/.ssh/authorized_keys", "usr/local/sbin/bcm-hello"} <= names
+    pub = files.extractfile("etc/ssh/ssh_host_ed25519_key.pub").read().decode()  # type: ignore[union-attr]
+    assert files.getmember("etc/ssh/ssh_host_ed25519_key").mode == 0o600
+    head_key = settings.ssh_key_file.with_suffix(".pub").read_text().strip()
+    assert files.extractfile("root/.ssh/authorized_keys").read().decode().strip() == head_key  # type: ignore[union-attr]
+    with Session(engine) as s:
+        from bcm.models.node import Node
+
+        pinned = s.exec(select(Node).where(Node.name == "gpu01")).one().ssh_host_key
+    assert pinned and pub.startswith(pinned)
+
+    def hello(tok: str | None, mac: str = MAC) -> Any:
+        return api.post("/boot/v1/hello", json={"mac": mac}, headers={"Authorization": f"Bearer {tok}" if tok else ""})
+
+    assert hello(token, "52:54:00:aa:00:02").status_code == 403  # foreign machine
+    assert hello(first).status_code == 401  # replaced
+    r = hello(token)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["node"] == "gpu01" and answer["state"] == "booted" and answer["agent_token"].startswith("bcm")
+    assert hello(token).status_code == 401  # replayed
+    assert overlay(token).status_code == 401  # used
+    refusals = [e.message for e in events(engine, "boot.token")]
+    assert any("another machine" in m for m in refusals) and any("used already" in m for m in refusals)
+    assert all(token not in m and first not in m for m in refusals)
+    n = node(api, "gpu01")
+    assert n["provision_state"] == "booted" and n["last_error"] is None
+    # the agent token is a node token of gpu01: the report endpoint takes it (and judges the body)
+    rep = api.post("/boot/v1/agent/report", content=b"{}", headers={"Authorization": f"Bearer {answer['agent_token']}"})
+    assert rep.status_code == 422
+    # booted: the script is local now, and the next provision mints a token again
+    assert script(api, MAC)[0] == "local"
+
+
+def test_no_image_fails_the_node_and_a_missing_artifact_too(
+    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]
+) -> None:
+    add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"])
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
+    provision_op(api, "gpu01")
+    purpose, text = script(api, MAC)
+    assert purpose == "noimage" and "no image assigned" in text
+    n = node(api, "gpu01")
+    assert n["provision_state"] == "failed" and "no image assigned" in n["last_error"]
+    version = publish_image(engine, settings)
+    assert api.patch("/api/v1/nodes/gpu01", json={"image": "img"}).status_code == 200
+    (image_svc.version_dir(settings.images_dir, "img", version) / "initramfs.img").unlink()
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
+    deadline = time.monotonic() + 30
+    while node(api, "gpu01")["provision_state"] == "provisioning" and not node(api, "gpu01").get("locked_by"):
+        if time.monotonic() > deadline:
+            break
+        purpose, text = script(api, MAC)
+        break
+    assert purpose == "noimage" and "initramfs.img is missing" in text
+    assert node(api, "gpu01")["provision_state"] == "failed"
+
+
+def test_a_node_without_a_bmc_fails_with_the_reason(api: TestClient) -> None:
+    assert api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC}).status_code == 201
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
+    n = wait_state(api, "gpu01", "failed")
+    assert "no_bmc" in n["last_error"]
+
+
+def test_deadline_expired_token_and_queue_limit(
+    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]
+) -> None:
+    publish_image(engine, settings)
+    settings.pxe.provision_timeout_s = 4
+    settings.pxe.max_concurrent = 1
+    add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"], image="img")
+    add_with_bmc(api, "gpu02", "52:54:00:aa:00:02", bmcs["redfish"], image="img")
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu[01-02]"}).status_code == 200
+    provision_op(api, "gpu01")
+    token = token_of(script(api, MAC)[1])
+    # one at a time: gpu02 waits its turn (never powered) while gpu01 is in flight
+    assert not Machine(bmcs["redfish"].dir).is_on()
+    assert node(api, "gpu02")["provision_state"] == "provisioning"
+    n = wait_state(api, "gpu01", "failed", timeout_s=30)
+    assert "did not call back" in n["last_error"]
+    r = api.post("/boot/v1/hello", json={"mac": MAC}, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 401 and "expired" in r.json()["message"]
+    # gpu01 done (failed): gpu02's turn
+    provision_op(api, "gpu02")
+    assert Machine(bmcs["redfish"].dir).is_on()
+
+
+@pytest.fixture
+def restartable(settings: Any, engine: Any) -> Iterator[Any]:
+    """Start (and stop) TestClients of the same server state, one after another."""
+    clients: list[TestClient] = []
+    token = settings.admin_token_file.read_text().strip()
+
+    def start() -> TestClient:
+        c = TestClient(create_app(settings, engine))
+        c.__enter__()
+        c.headers["Authorization"] = f"Bearer {token}"
+        clients.append(c)
+        return c
+
+    yield start
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+def test_provisioning_survives_a_restart(
+    restartable: Any, engine: Any, settings: Any, bmcs: dict[str, Any]
+) -> None:
+    api = restartable()
+    publish_image(engine, settings)
+    add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"], image="img")
+    add_with_bmc(api, "gpu02", "52:54:00:aa:00:02", bmcs["redfish"], image="img")
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu[01-02]"}).status_code == 200
+    provision_op(api, "gpu01")
+    provision_op(api, "gpu02")
+    token = token_of(script(api, MAC)[1])
+    api.__exit__(None, None, None)  # the server stops while both wait for their callback
+    # gpu02's deadline passes while the server is down
+    from bcm.models.base import utcnow
+    from bcm.models.node import Node
+
+    with Session(engine) as s:
+        n2 = s.exec(select(Node).where(Node.name == "gpu02")).one()
+        assert n2.provision_state == "provisioning"
+        n2.provision_deadline = utcnow()
+        s.add(n2)
+        s.commit()
+    api = restartable()
+    assert "did not call back" in wait_state(api, "gpu02", "failed")["last_error"]
+    assert node(api, "gpu01")["provision_state"] == "provisioning"
+    r = api.post("/boot/v1/hello", json={"mac": MAC}, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    assert node(api, "gpu01")["provision_state"] == "booted"
+
+
+def test_dhcp_host_files_follow_the_database(api: TestClient, engine: Any, settings: Any) -> None:
+    from bcm.drivers import dnsmasq
+    from bcm.services import pxe
+
+    assert api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC, "ip": "198.18.0.50"}).status_code == 201
+    assert api.post("/boot/v1/discover", json={"mac": "52:54:00:aa:00:05", "facts": FACTS},
+                    headers={"Authorization": ""}).status_code == 202  # fmt: skip
+    with Session(engine) as s:
+        entries = pxe.host_entries(s)
+    assert entries == [(MAC, "198.18.0.50", "gpu01")]  # discovered machines get no fixed entry
+    hosts = Path(settings.state_dir) / "pxe" / "hosts"
+    dnsmasq.write_hosts(hosts, entries)
+    assert (hosts / "52-54-00-aa-00-01.conf").read_text().endswith("dhcp-host=52:54:00:aa:00:01,198.18.0.50,gpu01\n")
