@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Path, Request, status
+from fastapi import APIRouter, Depends, Path, Request, status
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import ValidationError
 
-from bcm.api.boot.agent import capped_body
+from bcm.api.boot.agent import bearer_present, capped_body
 from bcm.api.deps import bearer
 from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
@@ -85,7 +85,12 @@ async def discover(request: Request) -> DiscoveryAccepted:
     return accepted
 
 
-@router.get("/overlay/{mac}", response_class=Response, responses={200: {"content": {"application/gzip": {}}}})
+@router.get(
+    "/overlay/{mac}",
+    response_class=Response,
+    responses={200: {"content": {"application/gzip": {}}}},
+    dependencies=[Depends(bearer_present)],
+)
 async def overlay(mac: MacPath, request: Request) -> Response:
     """The node's overlay (tar.gz), for the holder of its current one-time boot token only."""
     address = normalize_mac(mac)
@@ -100,7 +105,7 @@ async def overlay(mac: MacPath, request: Request) -> Response:
     return Response(data, media_type="application/gzip", headers={"Cache-Control": "no-store"})
 
 
-@router.post("/hello", response_model=HelloAnswer)
+@router.post("/hello", response_model=HelloAnswer, dependencies=[Depends(bearer_present)])
 async def hello(body: HelloRequest, request: Request) -> HelloAnswer:
     """The booted node's callback: its one-time token (bearer) becomes its agent token; → booted."""
     engine = request.app.state.engine
