@@ -45,6 +45,9 @@ def up(
         int, typer.Option(help="simulated H100s per node (nvidia-smi, Slurm devices, NVML for the agent)")
     ] = 2,
     vms: Annotated[int, typer.Option(help="qemu VMs, each behind a simulated BMC (IPMI and Redfish in turn)")] = 0,
+    discover_vms: Annotated[
+        bool, typer.Option(help="leave the VMs unregistered: PXE discovery finds them (bcm lab vm-power --pxe)")
+    ] = False,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
     state_dir: StateDir = None,
@@ -93,7 +96,7 @@ def up(
                 },
             )
         err.print(f"registered {len(lab_nodes)} node(s) with {c.url}")
-        if vms:
+        if vms and not discover_vms:
             from cli.power import register_lab_vms
 
             register_lab_vms(c, lab.state_dir, category)
@@ -193,3 +196,69 @@ def _show(nodes: list, as_json: bool) -> None:  # type: ignore[type-arg]
             ["NAME", "IP", "MAC", "NETNS", "SSHD"],
             [(n.name, n.ip, n.mac, n.netns, "up" if n.alive else "down") for n in nodes],
         )
+
+
+def _vms(state_dir: Path | None, name: str, wanted: list[str]) -> list:  # type: ignore[type-arg]
+    from bcm.lab import vm
+
+    lab = _lab(state_dir, name)
+    found = {v.name: v for v in vm.load(lab.state_dir)}
+    if not found:
+        raise CliError(f"lab {name} has no VMs (bcm lab up --vms N)")
+    unknown = [w for w in wanted if w not in found]
+    if unknown:
+        raise CliError(f"no lab VM named {', '.join(unknown)} (VMs: {', '.join(sorted(found))})")
+    return [found[w] for w in wanted] or list(found.values())
+
+
+@app.command("vm-power")
+def vm_power(
+    action: Annotated[str, typer.Argument(help="on, off or cycle")],
+    vms: Annotated[list[str] | None, typer.Argument(help="lab VMs (default: all)")] = None,
+    pxe: Annotated[bool, typer.Option(help="boot from the network this once")] = False,
+    state_dir: StateDir = None,
+    name: Name = "bcmlab",
+) -> None:
+    """Press the power button of lab VMs through their BMCs, as an admin does for machines bcm does not know yet."""
+    import asyncio
+
+    from bcm.domain.power import BmcProtocol, BmcTarget, BootDevice, parse_bmc_address
+    from bcm.drivers.power import BmcError, CallLimits, driver_for
+
+    if action not in ("on", "off", "cycle"):
+        raise CliError(f"action: {action!r} is not on, off or cycle")
+
+    async def press(v) -> str:  # type: ignore[no-untyped-def]
+        target = BmcTarget(v.name, BmcProtocol(v.bmc.kind), parse_bmc_address(v.bmc.address), v.bmc.user, v.bmc.password)
+        driver = driver_for(target, CallLimits(timeout_s=10, retries=1))
+        try:
+            if pxe:
+                await driver.set_next_boot(BootDevice.PXE)
+            await {"on": driver.on, "off": driver.off, "cycle": driver.cycle}[action]()
+        except BmcError as exc:
+            return f"{v.name}: {exc.message}"
+        return ""
+
+    async def all_of(targets: list) -> list[str]:  # type: ignore[type-arg]
+        return list(await asyncio.gather(*(press(v) for v in targets)))
+
+    targets = _vms(state_dir, name, vms or [])
+    failures = [f for f in asyncio.run(all_of(targets)) if f]
+    if failures:
+        raise CliError("; ".join(failures))
+    out.print(f"{action}{' (network boot)' if pxe else ''}: {', '.join(v.name for v in targets)}")
+
+
+@app.command("vm-bmc")
+def vm_bmc(
+    vm_name: Annotated[str, typer.Argument(metavar="VM", help="lab VM, e.g. vm01")],
+    node: Annotated[str, typer.Argument(help="the node that VM became (bcm node assign)")],
+    state_dir: StateDir = None,
+    name: Name = "bcmlab",
+) -> None:
+    """Give a node the BMC settings of the lab VM it is (address, protocol, user, password)."""
+    v = _vms(state_dir, name, [vm_name])[0]
+    c = client()
+    c.patch(f"/api/v1/nodes/{node}", {"bmc_address": v.bmc.address, "bmc_protocol": v.bmc.kind, "bmc_user": v.bmc.user})
+    c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": node, "password": v.bmc.password})
+    out.print(f"{node}: BMC of {v.name} ({v.bmc.kind} {v.bmc.address})")

@@ -22,6 +22,7 @@ from bcm.lab.errors import LabError
 
 FIRST_BMC_HOST = 200
 MAX_VMS = 8
+VM_MEMORY_MIB = 1536  # a stateless boot holds the root image in RAM (allocated only as the guest uses it)
 BMC_USER = "admin"
 PORTS = {"ipmi": 623, "redfish": 8000}
 
@@ -49,14 +50,17 @@ def vm_mac(index: int) -> str:
     return f"52:54:00:1a:{index >> 8:02x}:{index & 0xFF:02x}"
 
 
-def qemu_argv(name: str, tap: str, mac: str) -> list[str]:
+def qemu_argv(name: str, tap: str, mac: str, serial_log: Path | None = None) -> list[str]:
+    """The VM's command line. It starts paused (``-S``) unless it boots from the network (the chassis drops
+    ``-S`` then): a powered-on machine with nothing to boot needs no CPU, one that PXE-boots runs."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise LabError("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
+    serial = f"file:{serial_log}" if serial_log else "none"
     return [
-        qemu, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", "64", "-smp", "1",
-        "-nodefaults", "-no-user-config", "-display", "none", "-serial", "none", "-monitor", "none",
-        "-S", "-boot", "{boot}",
+        qemu, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", str(VM_MEMORY_MIB), "-smp", "1",
+        "-nodefaults", "-no-user-config", "-display", "none", "-serial", serial, "-monitor", "none",
+        "-no-reboot", "-S", "-boot", "{boot}",
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
     ]  # fmt: skip
@@ -86,7 +90,7 @@ def up(state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int) -
                 f"addr add {vm.bmc.listen}/{subnet.prefixlen} dev {net.BRIDGE}\n"
             ),
         )
-        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac))
+        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac, vm.bmc.dir / "serial.log"))
         vm.bmc_pid = bmc.start(vm.bmc, netns=netns, mac=vm.mac).pid
         _save(state_dir, vms)
     return vms

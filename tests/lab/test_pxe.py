@@ -1,0 +1,180 @@
+"""PXE end to end with real parts: `bcm serve` supervising a real dnsmasq on the lab's provisioning
+interface, two qemu VMs (unknown MACs, behind an IPMI and a Redfish BMC emulator) that PXE-boot from qemu's
+iPXE ROM, the discovery image, `bcm node assign`, `bcm node provision` (BMC: next boot PXE, power-cycle),
+a stateless boot of an image built by `bcm image build`, the callback, an SSH inventory with the host key
+bcm pinned before the first contact, and the nodes joining the lab's Slurm controller.
+
+Every step is a documented command (`bcm lab up --vms 2 --discover-vms`, `bcm lab vm-power on --pxe`,
+`bcm node discovered|assign|provision`, `bcm lab vm-bmc`, `bcm wlm deploy slurm`); TCG VMs are slow, so
+each wait is long but bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bcm.devserver import BCM, REPO, Server
+from bcm.lab import vm
+from bcm.lab.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+NAME, SUBNET, HEAD = "pxlab", "198.18.80.0/24", "198.18.80.1"
+IMAGE = "lab"
+BOOT_WAIT_S = 1500
+
+
+def until(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:  # bounded by timeout_s
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(every_s)
+
+
+class Run:
+    def __init__(self, server: Server, lab: Lab) -> None:
+        self.server, self.lab = server, lab
+
+    def cli(self, *args: str, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([*BCM, *args], env=self.server.env(), cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout, check=False)  # fmt: skip
+        if check:
+            assert done.returncode == 0, (args, done.stdout[-3000:], done.stderr[-3000:])
+        return done
+
+    def json(self, *args: str, **kw: Any) -> Any:
+        return json.loads(self.cli(*args, "--json", **kw).stdout)
+
+    def serial(self, name: str) -> str:
+        path = self.lab.state_dir / "vms" / name / "serial.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else "(no serial log)"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, lab_required: None) -> Iterator[Run]:
+    work = tmp_path_factory.mktemp("pxe")
+    server = Server(
+        work / "state",
+        extra_env={
+            "BCM_PXE__ENABLED": "true",
+            "BCM_PXE__INTERFACE": f"{NAME}-prov",
+            "BCM_PXE__ADDRESS": HEAD,
+            "BCM_PXE__RANGE_START": "198.18.80.100",
+            "BCM_PXE__RANGE_END": "198.18.80.150",
+            "BCM_PXE__DISCOVERY_IMAGE": IMAGE,
+            "BCM_SSH__CONNECT_TIMEOUT_S": "10",
+            "BCM_SSH__COMMAND_TIMEOUT_S": "300",
+        },
+        host="0.0.0.0",
+    )
+    lab = Lab(server.state_dir / "lab" / NAME, NAME, subnet=SUBNET)
+    r = Run(server, lab)
+    try:
+        server.start()
+        r.cli("lab", "up", "--nodes", "1", "--gpus", "0", "--vms", "2", "--discover-vms", "--name", NAME,
+              "--subnet", SUBNET, "--json")  # fmt: skip
+        yield r
+    finally:
+        try:
+            subprocess.run([*BCM, "lab", "down", "--name", NAME], env=server.env(), cwd=REPO, capture_output=True,
+                           timeout=300, check=False)  # fmt: skip
+            lab.down()
+        finally:
+            server.stop()
+
+
+def dnsmasq_pid(run: Run) -> int | None:
+    try:
+        return int((run.server.state_dir / "pxe" / "dnsmasq.pid").read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_path: Path) -> None:
+    built = run.cli("image", "build", IMAGE, timeout=3600)
+    assert "ready" in built.stdout or built.returncode == 0
+    vms = vm.load(run.lab.state_dir)
+    by_mac = {v.mac: v for v in vms}
+
+    # dnsmasq killed: the supervisor starts it again, and the boots below still succeed
+    first = until("dnsmasq to run", lambda: dnsmasq_pid(run), 30, 0.5)
+    os.kill(first, signal.SIGKILL)
+    until("dnsmasq to be restarted", lambda: (p := dnsmasq_pid(run)) not in (None, first) and Path(f"/proc/{p}").exists(),
+          60, 0.5)  # fmt: skip
+
+    # two machines nobody registered: powered on through their BMCs, network boot
+    run.cli("lab", "vm-power", "on", "--pxe", "--name", NAME)
+    found = until(
+        "both VMs to be discovered",
+        lambda: (d := run.json("node", "discovered")) and len(d) == 2 and d,
+        BOOT_WAIT_S,
+        5,
+    )
+    assert {d["mac"] for d in found} == set(by_mac), found
+    for d in found:
+        assert d["threads"] == 1 and d["memory_bytes"] > 1 << 30 and d["product"], d
+
+    names = {}
+    for i, v in enumerate(sorted(vms, key=lambda x: x.name), 1):
+        name = f"pxn{i:02d}"
+        names[name] = v
+        node = run.json("node", "assign", v.mac, "--name", name, "--image", IMAGE)
+        assert node["provision_state"] == "registered"
+        run.cli("lab", "vm-bmc", v.name, name, "--name", NAME)
+    assert run.json("node", "discovered") == []
+
+    started = time.monotonic()
+    done = run.cli("node", "provision", "pxn[01-02]", "--wait", "--timeout", str(BOOT_WAIT_S), "--json",
+                   timeout=BOOT_WAIT_S + 120, check=False)  # fmt: skip
+    states = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    assert done.returncode == 0, (states, done.stderr[-2000:], {n: run.serial(v.name) for n, v in names.items()})
+    assert {n["name"]: n["state"] for n in states["nodes"]} == {"pxn01": "booted", "pxn02": "booted"}
+    print(f"provision → booted: {time.monotonic() - started:.0f} s for 2 VMs")
+
+    # inventoried over SSH, with the host key bcm generated and pinned before the first boot
+    def inventoried(name: str) -> Any:
+        n = run.json("node", "show", name)
+        return n if n.get("inventoried_at") else None
+
+    for name in names:
+        n = until(f"{name} to be inventoried", lambda name=name: inventoried(name), 600, 5)
+        assert n["provision_state"] == "booted"
+        assert n["interfaces"][0]["ip"].startswith("198.18.80.1")
+    # the node answers with exactly the key bcm pinned (read from the server's database)
+    import sqlite3
+
+    key = run.server.state_dir / "ssh" / "id_ed25519"
+    with sqlite3.connect(run.server.state_dir / "bcm.db") as db:
+        pins = dict(db.execute("SELECT name, ssh_host_key FROM node WHERE name LIKE 'pxn%'").fetchall())
+    for name in names:
+        ip = run.json("node", "show", name)["interfaces"][0]["ip"]
+        assert pins[name] and pins[name].startswith("ssh-ed25519 ")
+        known = tmp_path / f"kh-{name}"
+        known.write_text(f"{ip} {pins[name]}\n")
+        ssh = subprocess.run(
+            ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={known}", "-o", "ConnectTimeout=10", f"root@{ip}", "hostname"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert ssh.returncode == 0 and ssh.stdout.strip() == name, ssh.stderr
+
+    # join the lab's Slurm controller and pass the verification job
+    controller = run.lab.status()[0].name
+    run.cli("node", "inventory", controller, "--json")
+    deploy = run.cli("wlm", "deploy", "slurm", "--name", "pxe", "--controller", controller, "--nodes", "pxn[01-02]",
+                     "--json", timeout=3600, check=False)  # fmt: skip
+    op = json.loads(deploy.stdout) if deploy.stdout.strip().startswith("{") else {}
+    assert deploy.returncode == 0 and op.get("state") == "succeeded", (op, deploy.stderr[-2000:])
