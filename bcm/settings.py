@@ -98,7 +98,7 @@ class PxeSettings(BaseModel):
     provision_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
     max_concurrent: int = Field(default=20, ge=1, le=10000)
     max_discovered: int = Field(default=4096, ge=1, le=1_000_000)
-    kernel_args: str = Field(default="console=ttyS0,115200 console=tty0", max_length=512)
+    kernel_args: str = Field(default="console=tty0 console=ttyS0,115200", max_length=512)  # the last is /dev/console
 
 
 def _default_recipes_dir() -> Path:

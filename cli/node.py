@@ -329,9 +329,20 @@ def _boot_verb(verb: str, help_text: str) -> None:
 
 
 @app.command("discovered")
-def discovered(as_json: JsonOpt = False) -> None:
+def discovered(
+    wait: Annotated[int, typer.Option(help="wait until at least this many machines were discovered", min=0)] = 0,
+    timeout: Annotated[float, typer.Option(help="seconds --wait waits at most", min=1, max=86400)] = 1200,
+    as_json: JsonOpt = False,
+) -> None:
     """Machines that PXE-booted the discovery image and wait to be assigned."""
-    items = client().get("/api/v1/discovered")
+    c = client()
+    deadline = time.monotonic() + timeout
+    items = c.get("/api/v1/discovered")
+    while len(items) < wait:
+        if time.monotonic() > deadline:
+            raise CliError(f"{len(items)} machine(s) discovered after {timeout:.0f}s, not {wait}")
+        time.sleep(2)
+        items = c.get("/api/v1/discovered")
     if as_json:
         emit_json(items)
         return

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -83,12 +84,11 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         await app.state.runner.start()
         app.state.health = HealthWorker(engine, settings)
         app.state.health.start()
-        from bcm.services import pxe as pxe_svc
         from bcm.workers import provision
 
-        app.state.dhcp = provision.make_dhcp(engine, settings) if settings.pxe.enabled else None
-        if app.state.dhcp is not None:
-            await app.state.dhcp.start(pxe_svc.server_url(settings) + "/boot/v1/ipxe/boot.ipxe")
+        await anyio.to_thread.run_sync(provision.load_config, engine, settings)
+        app.state.dhcp = None
+        await provision.reconfigure(app)
         app.state.provisioner = provision.Provisioner(engine, settings, app.state.runner, app.state.dhcp)
         app.state.runner.provisioner = app.state.provisioner
         app.state.provisioner.start()
@@ -152,9 +152,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
     from bcm.api.boot import images as boot_images
-    from bcm.api.v1 import discovered, images
+    from bcm.api.v1 import discovered, images, pxe
 
-    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images, discovered):
+    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images, discovered, pxe):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
     app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)

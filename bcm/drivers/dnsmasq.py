@@ -184,6 +184,17 @@ def check(dnsmasq: str, conf: Path) -> None:
         raise DriverError(f"dnsmasq refuses {conf}: {(out.stderr or out.stdout).strip()[:500]}")
 
 
+def validate(settings: Settings, boot_url: str) -> None:
+    """Render the config for ``settings`` and have dnsmasq check it, touching nothing in the state dir."""
+    import tempfile
+
+    text = render_config(context(settings, paths(settings), boot_url))
+    with tempfile.TemporaryDirectory(prefix="bcm-dnsmasq-") as tmp:
+        conf = Path(tmp) / "dnsmasq.conf"
+        conf.write_text(text)
+        check(binary(settings), conf)
+
+
 class Supervisor:
     """Keeps one dnsmasq running for ``bcm serve``; ``sync`` rewrites the host files from the database."""
 

@@ -8,7 +8,7 @@ from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
 from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
-from bcm.models.pxe import BootToken
+from bcm.models.pxe import BootToken, PxeConfig
 from bcm.models.wlm import WlmCluster
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "Node",
     "NodeHealth",
     "OpState",
+    "PxeConfig",
     "Operation",
     "Role",
     "User",

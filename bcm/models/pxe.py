@@ -7,9 +7,12 @@ rule for its agent token). Using it answers the node's long-lived agent token.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from datetime import datetime
+from typing import Literal
 
-from pydantic import field_validator
+from pydantic import ValidationInfo, field_validator
 from sqlmodel import Field, SQLModel
 
 from bcm.domain.facts import HardwareFacts
@@ -27,6 +30,69 @@ class BootToken(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     expires_at: datetime = Field(sa_column=ts_column(nullable=False))
     used_at: datetime | None = Field(default=None, sa_column=ts_column())
+
+
+class PxeConfig(SQLModel, table=True):
+    """PXE settings an admin set through the API (one row); they override BCM_PXE__* while it exists."""
+
+    __tablename__ = "pxe_config"
+
+    id: int | None = Field(default=None, primary_key=True)
+    enabled: bool = False
+    interface: str | None = Field(default=None, max_length=15)
+    address: str | None = Field(default=None, max_length=45)
+    mode: str = Field(default="dhcp", max_length=8)
+    range_start: str | None = Field(default=None, max_length=45)
+    range_end: str | None = Field(default=None, max_length=45)
+    netmask: str = Field(default="255.255.255.0", max_length=45)
+    router: str | None = Field(default=None, max_length=45)
+    updated_by: str | None = Field(default=None, max_length=64)
+    updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+
+
+class PxeConfigUpdate(SQLModel):
+    """``bcm pxe enable|disable``: what changes; unset fields keep their values."""
+
+    enabled: bool
+    interface: str | None = Field(default=None, min_length=1, max_length=15)
+    address: str | None = Field(default=None, max_length=45)
+    mode: Literal["dhcp", "proxy"] | None = None
+    range_start: str | None = Field(default=None, max_length=45)
+    range_end: str | None = Field(default=None, max_length=45)
+    netmask: str | None = Field(default=None, max_length=45)
+    router: str | None = Field(default=None, max_length=45)
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", v):
+            raise ValueError("interface: an interface name (letters, digits, _ . : -; at most 15)")
+        return v
+
+    @field_validator("address", "range_start", "range_end", "netmask", "router")
+    @classmethod
+    def _ipv4(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        try:
+            return str(ipaddress.IPv4Address(v))
+        except ValueError:
+            raise ValueError(f"{info.field_name}: {v[:45]!r} is not an IPv4 address") from None
+
+
+class PxeStatus(SQLModel):
+    enabled: bool
+    source: str  # "api" (bcm pxe enable) or "settings" (BCM_PXE__*)
+    interface: str | None
+    address: str | None
+    mode: str
+    range_start: str | None
+    range_end: str | None
+    netmask: str
+    router: str | None
+    server_url: str
+    dnsmasq_pid: int | None = None
+    dnsmasq_restarts: int = 0
 
 
 class DiscoveryReport(SQLModel):

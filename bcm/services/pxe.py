@@ -32,12 +32,19 @@ from bcm.models.base import utcnow
 from bcm.models.category import Category
 from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
-from bcm.models.pxe import AssignRequest, BootToken, DiscoveryAccepted, DiscoveryReport
+from bcm.models.pxe import (
+    AssignRequest,
+    BootToken,
+    DiscoveryAccepted,
+    DiscoveryReport,
+    PxeConfig,
+    PxeConfigUpdate,
+)
 from bcm.services import events
 from bcm.services import images as image_svc
 from bcm.services import secrets as secret_svc
 from bcm.services.render import render
-from bcm.settings import Settings
+from bcm.settings import PxeSettings, Settings
 
 ACTOR = "bcm:pxe"
 TOKEN_PREFIX = "bcmboot_"  # noqa: S105 - a prefix, not a secret
@@ -71,6 +78,54 @@ def node_by_mac(session: Session, mac: str) -> Node | None:
 
 def entry_script(settings: Settings) -> str:
     return render("ipxe/boot.ipxe.j2", server_url=server_url(settings))
+
+
+# ---- settings set through the API -----------------------------------------------------------------------
+
+CONFIG_FIELDS = ("interface", "address", "mode", "range_start", "range_end", "netmask", "router")
+
+
+def stored_config(session: Session) -> PxeConfig | None:
+    return session.exec(select(PxeConfig).order_by(col(PxeConfig.id))).first()
+
+
+def effective(settings: Settings, row: PxeConfig | None) -> PxeSettings:
+    """BCM_PXE__* settings, overridden by what `bcm pxe enable|disable` stored."""
+    if row is None:
+        return settings.pxe
+    update: dict[str, Any] = {f: getattr(row, f) for f in CONFIG_FIELDS}
+    update["enabled"] = row.enabled
+    return settings.pxe.model_copy(update=update)
+
+
+def update_config(session: Session, settings: Settings, body: PxeConfigUpdate, actor: str) -> PxeSettings:
+    """Store new PXE settings once dnsmasq accepts the config they make (else 422/502, nothing stored)."""
+    from bcm.drivers import dnsmasq
+
+    row = stored_config(session)
+    current = effective(settings, row)
+    changes = body.model_dump(exclude_unset=True)
+    candidate = current.model_copy(update=changes)
+    if candidate.mode == "proxy":
+        candidate = candidate.model_copy(update={"range_start": None, "range_end": None})
+    if candidate.enabled:
+        trial = settings.model_copy(update={"pxe": candidate})
+        try:
+            dnsmasq.validate(trial, server_url(trial) + "/boot/v1/ipxe/boot.ipxe")
+        except InvalidInput as exc:  # named as the request names it (range_start, not pxe.range_start)
+            field = (exc.field or "body").removeprefix("pxe.")
+            message = exc.message.removeprefix("pxe.").split(" (BCM_PXE__")[0]
+            raise InvalidInput(message, field=field) from None
+    if row is None:
+        row = PxeConfig()
+    for f in CONFIG_FIELDS:
+        setattr(row, f, getattr(candidate, f))
+    row.enabled, row.updated_by, row.updated_at = candidate.enabled, actor[:64], utcnow()
+    session.add(row)
+    what = f"{candidate.mode} on {candidate.interface} ({candidate.address})" if candidate.enabled else "off"
+    events.record(session, actor, "pxe.config", "pxe", f"PXE {'enabled' if candidate.enabled else 'disabled'}: {what}")
+    session.flush()
+    return candidate
 
 
 # ---- images a machine boots --------------------------------------------------------------------------

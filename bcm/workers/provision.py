@@ -160,3 +160,22 @@ def make_dhcp(engine: Engine, settings: Settings) -> dnsmasq.Supervisor:
             return pxe.host_entries(s)
 
     return dnsmasq.Supervisor(settings, entries)
+
+
+def load_config(engine: Engine, settings: Settings) -> None:
+    """At start: what `bcm pxe enable|disable` stored overrides the BCM_PXE__* settings."""
+    with session_scope(engine) as s:
+        settings.pxe = pxe.effective(settings, pxe.stored_config(s))
+
+
+async def reconfigure(app: Any) -> None:
+    """Start, restart or stop dnsmasq for the settings now in ``app.state.settings.pxe``."""
+    engine, settings = app.state.engine, app.state.settings
+    old = getattr(app.state, "dhcp", None)
+    if old is not None:
+        await old.stop()
+    app.state.dhcp = make_dhcp(engine, settings) if settings.pxe.enabled else None
+    if app.state.dhcp is not None:
+        await app.state.dhcp.start(pxe.server_url(settings) + "/boot/v1/ipxe/boot.ipxe")
+    if getattr(app.state, "provisioner", None) is not None:
+        app.state.provisioner.dhcp = app.state.dhcp

@@ -27,7 +27,7 @@ from bcm.drivers import imagebuild
 from bcm.lab.chassis import Machine
 from bcm.models.event import Event
 from bcm.services import images as image_svc
-from tests.api.test_power_api import PASSWORD, bmcs, wait_op  # noqa: F401 - fixture
+from tests.api.test_power_api import PASSWORD, wait_op
 
 MAC = "52:54:00:aa:00:01"
 FACTS = {
@@ -194,7 +194,7 @@ def test_provision_boot_token_overlay_and_callback(
     assert overlay(token, "52:54:00:aa:00:02").status_code == 403
     r = overlay(token)
     assert r.status_code == 200 and r.headers["content-type"] == "application/gzip"
-    files = tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz")
+    files = tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz")  # noqa: SIM115
     names = set(files.getnames())
     assert {"etc/hostname", "etc/ssh/ssh_host_ed25519_key", "root/.ssh/authorized_keys", "usr/local/sbin/bcm-hello"} <= names
     pub = files.extractfile("etc/ssh/ssh_host_ed25519_key.pub").read().decode()  # type: ignore[union-attr]
@@ -287,7 +287,7 @@ def restartable(settings: Any, engine: Any) -> Iterator[Any]:
 
     def start() -> TestClient:
         c = TestClient(create_app(settings, engine))
-        c.__enter__()
+        c.__enter__()  # noqa: PLC2801 - entered here, left in the fixture's teardown
         c.headers["Authorization"] = f"Bearer {token}"
         clients.append(c)
         return c
@@ -340,3 +340,53 @@ def test_dhcp_host_files_follow_the_database(api: TestClient, engine: Any, setti
     hosts = Path(settings.state_dir) / "pxe" / "hosts"
     dnsmasq.write_hosts(hosts, entries)
     assert (hosts / "52-54-00-aa-00-01.conf").read_text().endswith("dhcp-host=52:54:00:aa:00:01,198.18.0.50,gpu01\n")
+
+
+def test_pxe_enable_supervise_disable_and_keep_across_restarts(
+    restartable: Any, settings: Any, engine: Any
+) -> None:
+    """`bcm pxe enable` through the API: checked by dnsmasq first, supervised (a killed dnsmasq comes back),
+    disabled, and kept across a restart. The interface does not exist, so dnsmasq serves no one."""
+    import os
+    import shutil
+    import signal
+
+    if shutil.which("dnsmasq") is None:
+        pytest.skip("dnsmasq-base is not installed")
+    api = restartable()
+    body = {"enabled": True, "interface": "bcmt-nowhere0", "address": "198.18.99.1",
+            "range_start": "198.18.99.100", "range_end": "198.18.99.150"}  # fmt: skip
+    for field, value in (("range_start", "10.1.2.3"), ("address", "not-an-ip"), ("interface", "a b")):
+        bad = api.put("/api/v1/pxe", json={**body, field: value})
+        assert bad.status_code == 422 and bad.json()["field"] == field, bad.text
+    assert api.get("/api/v1/pxe").json()["enabled"] is False
+    viewer = api.post("/api/v1/tokens", json={"name": "v", "role": "viewer"}).json()["token"]
+    assert api.put("/api/v1/pxe", json=body, headers={"Authorization": f"Bearer {viewer}"}).status_code == 403
+    r = api.put("/api/v1/pxe", json=body)
+    assert r.status_code == 200, r.text
+    st = r.json()
+    assert st["enabled"] and st["source"] == "api" and st["dnsmasq_pid"]
+    assert st["server_url"] == f"http://198.18.99.1:{settings.port}"
+    conf = (settings.state_dir / "pxe" / "dnsmasq.conf").read_text()
+    assert "interface=bcmt-nowhere0\n" in conf and "dhcp-range=198.18.99.100,198.18.99.150," in conf
+    assert sorted(p.name for p in (settings.state_dir / "pxe" / "tftp").iterdir()) == ["ipxe.efi", "undionly.kpxe"]
+    # the boot scripts now name the PXE address
+    assert "http://198.18.99.1:" in api.get("/boot/v1/ipxe/boot.ipxe", headers={"Authorization": ""}).text
+
+    first = st["dnsmasq_pid"]
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (now := api.get("/api/v1/pxe").json())["dnsmasq_pid"] in (None, first):
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+    assert now["dnsmasq_restarts"] == 1 and os.path.exists(f"/proc/{now['dnsmasq_pid']}")
+
+    api.__exit__(None, None, None)  # a restart: the stored settings come back, and dnsmasq with them
+    assert not os.path.exists(f"/proc/{now['dnsmasq_pid']}") or open(f"/proc/{now['dnsmasq_pid']}/stat").read().split()[2] == "Z"
+    api = restartable()
+    again = api.get("/api/v1/pxe").json()
+    assert again["enabled"] and again["interface"] == "bcmt-nowhere0" and again["dnsmasq_pid"]
+
+    off = api.put("/api/v1/pxe", json={"enabled": False}).json()
+    assert off["enabled"] is False and off["dnsmasq_pid"] is None and off["interface"] == "bcmt-nowhere0"
+    assert any(e.message.startswith("PXE disabled") for e in events(engine, "pxe.config"))

@@ -63,18 +63,12 @@ class Run:
         return path.read_text(errors="replace")[-3000:] if path.exists() else "(no serial log)"
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, lab_required: None) -> Iterator[Run]:
-    work = tmp_path_factory.mktemp("pxe")
+@pytest.fixture
+def run(tmp_path: Path, lab_required: None) -> Iterator[Run]:
+    work = tmp_path / "pxe"
     server = Server(
         work / "state",
         extra_env={
-            "BCM_PXE__ENABLED": "true",
-            "BCM_PXE__INTERFACE": f"{NAME}-prov",
-            "BCM_PXE__ADDRESS": HEAD,
-            "BCM_PXE__RANGE_START": "198.18.80.100",
-            "BCM_PXE__RANGE_END": "198.18.80.150",
-            "BCM_PXE__DISCOVERY_IMAGE": IMAGE,
             "BCM_SSH__CONNECT_TIMEOUT_S": "10",
             "BCM_SSH__COMMAND_TIMEOUT_S": "300",
         },
@@ -86,6 +80,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, lab_required: None) -> Iterato
         server.start()
         r.cli("lab", "up", "--nodes", "1", "--gpus", "0", "--vms", "2", "--discover-vms", "--name", NAME,
               "--subnet", SUBNET, "--json")  # fmt: skip
+        r.cli("pxe", "enable", "--interface", f"{NAME}-prov", "--address", HEAD, "--range", "198.18.80.100-198.18.80.150")
         yield r
     finally:
         try:
@@ -103,6 +98,7 @@ def dnsmasq_pid(run: Run) -> int | None:
         return None
 
 
+@pytest.mark.timeout(3 * BOOT_WAIT_S)
 def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_path: Path) -> None:
     built = run.cli("image", "build", IMAGE, timeout=3600)
     assert "ready" in built.stdout or built.returncode == 0
@@ -117,12 +113,7 @@ def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_p
 
     # two machines nobody registered: powered on through their BMCs, network boot
     run.cli("lab", "vm-power", "on", "--pxe", "--name", NAME)
-    found = until(
-        "both VMs to be discovered",
-        lambda: (d := run.json("node", "discovered")) and len(d) == 2 and d,
-        BOOT_WAIT_S,
-        5,
-    )
+    found = run.json("node", "discovered", "--wait", "2", "--timeout", str(BOOT_WAIT_S), timeout=BOOT_WAIT_S + 60)
     assert {d["mac"] for d in found} == set(by_mac), found
     for d in found:
         assert d["threads"] == 1 and d["memory_bytes"] > 1 << 30 and d["product"], d

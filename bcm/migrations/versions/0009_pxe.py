@@ -1,4 +1,4 @@
-"""PXE provisioning: one-time boot tokens; a node's overlay host key and its place in the provisioning queue
+"""PXE provisioning: settings set through the API; one-time boot tokens; a node's overlay host key and its place in the provisioning queue
 
 Revision ID: 0009_pxe
 Revises: 0008_images
@@ -18,6 +18,21 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.create_table(
+        "pxe_config",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("enabled", sa.Boolean(), nullable=False),
+        sa.Column("interface", sqlmodel.sql.sqltypes.AutoString(length=15), nullable=True),
+        sa.Column("address", sqlmodel.sql.sqltypes.AutoString(length=45), nullable=True),
+        sa.Column("mode", sqlmodel.sql.sqltypes.AutoString(length=8), nullable=False),
+        sa.Column("range_start", sqlmodel.sql.sqltypes.AutoString(length=45), nullable=True),
+        sa.Column("range_end", sqlmodel.sql.sqltypes.AutoString(length=45), nullable=True),
+        sa.Column("netmask", sqlmodel.sql.sqltypes.AutoString(length=45), nullable=False),
+        sa.Column("router", sqlmodel.sql.sqltypes.AutoString(length=45), nullable=True),
+        sa.Column("updated_by", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
     op.create_table(
         "boot_token",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -50,3 +65,4 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_boot_token_token_hash"))
         batch_op.drop_index(batch_op.f("ix_boot_token_node_id"))
     op.drop_table("boot_token")
+    op.drop_table("pxe_config")
