@@ -37,6 +37,12 @@ def test_every_state_and_verb_over_http(api: Any, engine: Any) -> None:
             assert body["error"] == "IllegalTransition"
             assert name in body["message"] and state.value in body["message"] and verb in body["message"]
             assert after == state.value
+        elif verb in ("provision", "reimage"):
+            # the verb answers the state it wrote; the provisioning queue then works on the node (these have
+            # no BMC, so it fails them with a reason: tests/api/test_pxe_api.py)
+            assert r.status_code == 200, (state, verb, r.text)
+            assert r.json()["nodes"][0]["state"] == expected.value
+            assert after in (expected.value, State.FAILED.value)
         else:
             assert r.status_code == 200, (state, verb, r.text)
             assert after == expected.value

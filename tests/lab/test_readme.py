@@ -69,6 +69,7 @@ def test_sh_lines_are_found_in_order() -> None:
     assert sh_lines(text) == ["a --x  # note", "b", "d &"]
 
 
+@pytest.mark.timeout(3600)  # the flows boot two TCG VMs over PXE, among the rest
 def test_readme_flows_work_as_written(lab_required: None, tmp_path: Path) -> None:
     lines = sh_lines(README.read_text())
     assert lines and "pip install" in lines[0], "README's first command must be the install"
