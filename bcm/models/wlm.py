@@ -55,20 +55,48 @@ class WlmCluster(SQLModel, table=True):
     last_verify_at: datetime | None = Field(default=None, sa_column=ts_column())
     last_verify: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     synced_at: datetime | None = Field(default=None, sa_column=ts_column())
-    created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
-    updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=ts_column(nullable=False)
+    )
+    updated_at: datetime = Field(
+        default_factory=utcnow, sa_column=ts_column(nullable=False)
+    )
     deployed_at: datetime | None = Field(default=None, sa_column=ts_column())
 
 
-class SlurmDeployRequest(SQLModel):
+class WlmDeployRequest(SQLModel):
+    """What every deploy names: the cluster, its controller and member nodes; each kind adds its knobs."""
+
+    name: str = Field(max_length=40)
+    controller: str = Field(max_length=63)
+    nodes: str = Field(max_length=65535)
+    verify: bool = True
+
+    def settings_json(self) -> dict[str, Any]:
+        """The knobs as stored in the cluster's settings column."""
+        return {}
+
+    def secrets(self) -> dict[str, str]:
+        """Write-only values the workload manager keeps in files (never in the database)."""
+        return {}
+
+
+class SlurmDeployRequest(WlmDeployRequest):
     """``bcm wlm deploy slurm``: controller node, member nodes, knobs; the DB password is write-only."""
 
     name: str = Field(default="slurm", max_length=40)
-    controller: str = Field(max_length=63)
-    nodes: str = Field(max_length=65535)
     settings: SlurmSettings = Field(default_factory=SlurmSettings)
     storage_pass: SecretStr | None = Field(default=None, max_length=256)
-    verify: bool = True
+
+    def settings_json(self) -> dict[str, Any]:
+        return self.settings.model_dump(mode="json")
+
+    def secrets(self) -> dict[str, str]:
+        return (
+            {"storage_pass": self.storage_pass.get_secret_value()}
+            if self.storage_pass
+            else {}
+        )
 
     @field_validator("name")
     @classmethod
