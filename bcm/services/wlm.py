@@ -1,5 +1,5 @@
 """Workload-manager use cases on the database: plan a deploy, gather what the workload manager renders
-its files from, record outcomes, map nodes to clusters, apply the workload
+its files from, record outcomes, map nodes to clusters (through ``wlm_member``), apply the workload
 manager's node states. The SSH/Ansible work is in ``bcm.workers.wlm``; what is particular to Slurm is
 behind ``bcm.drivers.wlm``, picked by the cluster's kind.
 
@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
 from bcm.domain.naming import expand_hostlist, fold_hostlist
@@ -32,7 +33,9 @@ from bcm.models.wlm import (
     WlmClusterDetail,
     WlmClusterPublic,
     WlmDeployRequest,
+    WlmMember,
     WlmNodePublic,
+    WlmRole,
     WlmState,
 )
 from bcm.services import events
@@ -40,10 +43,7 @@ from bcm.services import nodes as node_svc
 from bcm.services.render import render
 
 _GONE = {State.RETIRED.value, State.DISCOVERED.value}
-_LIVE = (
-    WlmState.DEPLOYED.value,
-    WlmState.PARTIAL.value,
-)  # clusters whose nodes are drained through them
+_LIVE = (WlmState.DEPLOYED.value, WlmState.PARTIAL.value)  # clusters whose nodes are drained through them
 _CHUNK = 500  # IN (...) lists stay under every backend's bound-parameter limit
 
 
@@ -91,9 +91,7 @@ def pick(session: Session, name: str | None) -> WlmCluster:
     if len(rows) == 1:
         return rows[0]
     if not rows:
-        raise NotFound(
-            "no workload-manager cluster yet (deploy one with `bcm wlm deploy slurm`)"
-        )
+        raise NotFound("no workload-manager cluster yet (deploy one with `bcm wlm deploy slurm`)")
     raise Conflict(f"several clusters ({', '.join(r.name for r in rows)}); name one")
 
 
@@ -109,15 +107,9 @@ def _addresses(session: Session, nodes: list[Node]) -> dict[str, str | None]:
     return out
 
 
-def _check_deployable(
-    session: Session, nodes: list[Node], role: str
-) -> dict[str, str | None]:
+def _check_deployable(session: Session, nodes: list[Node], role: str) -> dict[str, str | None]:
     """409 naming every node that is not inventoried, has no address or no pinned host key."""
-    not_inv = [
-        n.name
-        for n in nodes
-        if n.inventoried_at is None or not n.facts or n.provision_state in _GONE
-    ]
+    not_inv = [n.name for n in nodes if n.inventoried_at is None or not n.facts or n.provision_state in _GONE]
     if not_inv:
         raise Conflict(
             f"{role}: not inventoried: {fold_hostlist(not_inv)} (run `bcm node inventory {fold_hostlist(not_inv)}`)"
@@ -132,24 +124,86 @@ def _check_deployable(
     return addrs
 
 
-def member_names(session: Session, row: WlmCluster) -> list[str]:
-    """The cluster's compute nodes (what its hostlist names), in hostlist order."""
-    return expand_hostlist(row.nodes)
-
-
 def members(session: Session, row: WlmCluster) -> list[Node]:
-    return node_svc.get_many(session, member_names(session, row))
+    """The cluster's compute nodes (what its hostlist names), in hostlist order."""
+    stmt = (
+        select(Node)
+        .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+        .where(WlmMember.cluster_id == row.id, WlmMember.role == WlmRole.COMPUTE.value)
+    )
+    by_name = {n.name: n for n in session.exec(stmt)}
+    return [by_name[n] for n in _in_order(by_name)]
+
+
+def member_names(session: Session, row: WlmCluster) -> list[str]:
+    stmt = (
+        select(Node.name)
+        .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+        .where(WlmMember.cluster_id == row.id, WlmMember.role == WlmRole.COMPUTE.value)
+    )
+    return _in_order(session.exec(stmt))
 
 
 def hostlist(session: Session, row: WlmCluster) -> str:
-    """The cluster's compute members folded (``gpu[01-16]``)."""
-    return row.nodes
+    """The cluster's compute members folded (``gpu[01-16]``); "" for none."""
+    names = member_names(session, row)
+    return fold_hostlist(names) if names else ""
 
 
-def plan_deploy(
-    session: Session, kind: str, req: WlmDeployRequest, actor: str
-) -> WlmCluster:
-    """Create or update the cluster row for a deploy; 404/409 before anything runs.
+def _others(session: Session, cluster_id: int | None, node_ids: list[int | None]) -> dict[str, str]:
+    """node name -> name of the other cluster it belongs to, for those of ``node_ids`` that do."""
+    out: dict[str, str] = {}
+    for chunk in _chunks(node_ids):
+        stmt = (
+            select(Node.name, WlmCluster.name)
+            .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+            .join(WlmCluster, col(WlmCluster.id) == col(WlmMember.cluster_id))
+            .where(col(WlmMember.node_id).in_(chunk))
+        )
+        if cluster_id is not None:
+            stmt = stmt.where(WlmMember.cluster_id != cluster_id)
+        out.update(dict(session.exec(stmt).all()))
+    return out
+
+
+def _check_free(session: Session, cluster: WlmCluster | None, controller: Node, nodes: list[Node]) -> None:
+    """409 for nodes (or the controller) that belong to another cluster: a node is in at most one."""
+    others = _others(session, cluster.id if cluster else None, [n.id for n in nodes] + [controller.id])
+    clash = [n.name for n in nodes if n.name in others]
+    if clash:
+        other = others[clash[0]]
+        raise Conflict(f"nodes: {fold_hostlist(sorted(clash))} already belong to cluster {other!r}")
+    if controller.name in others:
+        raise Conflict(
+            f"controller: {controller.name} already belongs to cluster {others[controller.name]!r}"
+        )
+
+
+def _set_members(session: Session, cluster: WlmCluster, controller: Node, nodes: list[Node]) -> None:
+    """Make the cluster's rows name exactly ``nodes`` (compute) and its controller."""
+    roles: dict[int, str] = {n.id or 0: WlmRole.COMPUTE.value for n in nodes}
+    roles.setdefault(controller.id or 0, WlmRole.CONTROLLER.value)
+    current = {
+        m.node_id: m for m in session.exec(select(WlmMember).where(WlmMember.cluster_id == cluster.id))
+    }
+    gone = [node_id for node_id in current if node_id not in roles]
+    for chunk in _chunks(gone):  # deleted first: a node may come back in another role
+        session.execute(
+            delete(WlmMember).where(
+                col(WlmMember.cluster_id) == cluster.id, col(WlmMember.node_id).in_(chunk)
+            )
+        )
+    for node_id, role in roles.items():
+        row = current.get(node_id)
+        if row is None:
+            session.add(WlmMember(cluster_id=cluster.id or 0, node_id=node_id, role=role))
+        elif row.role != role:
+            row.role = role
+            session.add(row)
+
+
+def plan_deploy(session: Session, kind: str, req: WlmDeployRequest, actor: str) -> WlmCluster:
+    """Create or update the cluster row and its members for a deploy; 404/409 before anything runs.
 
     Two deploys of one cluster exclude each other through the per-node locks the caller takes in the
     same transaction (a deploy of a crashed server expires with its locks instead of blocking forever).
@@ -160,48 +214,33 @@ def plan_deploy(
     controller = node_svc.get_many(session, [req.controller])[0]
     _check_deployable(session, [controller], "controller")
     _check_deployable(session, nodes, "nodes")
-    for other in query(session):
-        if other.name == req.name:
-            continue
-        clash = set(expand_hostlist(other.nodes)) & set(names)
-        if clash:
-            raise Conflict(
-                f"nodes: {fold_hostlist(sorted(clash))} already belong to cluster {other.name!r}"
-            )
-    cluster = session.exec(
-        select(WlmCluster).where(WlmCluster.name == req.name)
-    ).first()
+    cluster = session.exec(select(WlmCluster).where(WlmCluster.name == req.name)).first()
     if cluster is not None and cluster.kind != kind:
-        raise Conflict(
-            f"name: cluster {req.name!r} is a {cluster.kind} cluster, not {kind}", field="name"
-        )
+        raise Conflict(f"name: cluster {req.name!r} is a {cluster.kind} cluster, not {kind}", field="name")
+    _check_free(session, cluster, controller, nodes)
     if cluster is None:
-        cluster = WlmCluster(
-            name=req.name, kind=kind, controller_id=controller.id or 0, nodes=""
-        )
+        cluster = WlmCluster(name=req.name, kind=kind, controller_id=controller.id or 0)
     cluster.controller_id = controller.id or 0
-    cluster.nodes = fold_hostlist(names)
     cluster.settings = req.settings_json()
     cluster.state = WlmState.DEPLOYING.value
     cluster.last_error = None
     cluster.updated_at = utcnow()
     session.add(cluster)
+    session.flush()  # the cluster's id, for its member rows
+    _set_members(session, cluster, controller, nodes)
     events.record(
         session,
         actor,
         "wlm.deploy",
         req.name,
-        f"{kind} on {cluster.nodes}, controller {controller.name}",
+        f"{kind} on {fold_hostlist(names)}, controller {controller.name}",
     )
     session.flush()
     return cluster
 
 
 def _host(
-    node: Node,
-    addrs: dict[str, str | None],
-    gpus: list[tuple[int, str | None]],
-    cats: dict[Any, str],
+    node: Node, addrs: dict[str, str | None], gpus: list[tuple[int, str | None]], cats: dict[Any, str]
 ) -> wlm.WlmHost:
     return wlm.WlmHost(
         node.name,
@@ -240,13 +279,7 @@ def build_plan(session: Session, state_dir: Path, name: str) -> wlm.DeployPlan:
 
 
 def finish_deploy(
-    session: Session,
-    name: str,
-    *,
-    ok_nodes: list[str],
-    failed: dict[str, str],
-    error: str | None,
-    actor: str,
+    session: Session, name: str, *, ok_nodes: list[str], failed: dict[str, str], error: str | None, actor: str
 ) -> WlmCluster:
     row = get(session, name)
     if error:
@@ -255,11 +288,7 @@ def finish_deploy(
         row.state = WlmState.PARTIAL.value
         row.last_error = "; ".join(f"{n}: {e}" for n, e in list(failed.items())[:10])
     else:
-        row.state, row.last_error, row.deployed_at = (
-            WlmState.DEPLOYED.value,
-            None,
-            utcnow(),
-        )
+        row.state, row.last_error, row.deployed_at = WlmState.DEPLOYED.value, None, utcnow()
     if not error:
         node_svc.join_workload_manager(session, ok_nodes)
     row.updated_at = utcnow()
@@ -276,9 +305,7 @@ def finish_deploy(
     return row
 
 
-def record_verify(
-    session: Session, name: str, op_id: int, ok: bool, detail: dict[str, Any]
-) -> None:
+def record_verify(session: Session, name: str, op_id: int, ok: bool, detail: dict[str, Any]) -> None:
     row = get(session, name)
     row.last_verify_op, row.last_verify_ok, row.last_verify_at = op_id, ok, utcnow()
     row.last_verify = detail
@@ -299,10 +326,19 @@ def controller_target(session: Session, row: WlmCluster) -> tuple[str, str, str 
 
 def _live_members(session: Session, names: list[str]) -> list[tuple[str, str]]:
     """(node, cluster) for those of the named nodes that are compute members of a deployed cluster."""
-    wanted, found = set(names), []
-    for row in query(session):
-        if row.state in _LIVE:
-            found += [(n, row.name) for n in expand_hostlist(row.nodes) if n in wanted]
+    found: list[tuple[str, str]] = []
+    for chunk in _chunks(names):
+        stmt = (
+            select(Node.name, WlmCluster.name)
+            .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+            .join(WlmCluster, col(WlmCluster.id) == col(WlmMember.cluster_id))
+            .where(
+                col(Node.name).in_(chunk),
+                WlmMember.role == WlmRole.COMPUTE.value,
+                col(WlmCluster.state).in_(_LIVE),
+            )
+        )
+        found += list(session.exec(stmt))
     return found
 
 
@@ -320,9 +356,7 @@ def clusters_of(session: Session, names: list[str]) -> dict[str, list[str]]:
         out.setdefault(owner[n], []).append(n)
     wanted = set(names) - set(owner)
     if wanted:
-        raise Conflict(
-            f"nodes: not in a deployed workload manager: {fold_hostlist(sorted(wanted))}"
-        )
+        raise Conflict(f"nodes: not in a deployed workload manager: {fold_hostlist(sorted(wanted))}")
     return dict(sorted(out.items()))
 
 
@@ -342,9 +376,7 @@ def apply_states(session: Session, name: str, states: dict[str, str]) -> int:
     return changed
 
 
-def to_public(
-    session: Session, row: WlmCluster, *, detail: bool = False
-) -> WlmClusterPublic:
+def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> WlmClusterPublic:
     controller = session.get(Node, row.controller_id)
     nodes = members(session, row) if detail else []
     names = [m.name for m in nodes] if detail else member_names(session, row)
