@@ -1,7 +1,9 @@
-"""Workload-manager clusters (Slurm now, Kubernetes later), with the API schema family.
+"""Workload-manager clusters (Slurm now, Kubernetes later) and their members, with the API schema family.
 
 Secrets (the munge key, the accounting database password) are not columns: they live in 0600 files
 under ``<state_dir>/wlm/<name>/`` (see ``bcm.services.wlm``); the table keeps only a fingerprint.
+Membership is a table (:class:`WlmMember`, one row per node, a node in at most one cluster); the API
+still shows a cluster's compute members as one folded hostlist.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import SecretStr, field_validator
-from sqlalchemy import Text
+from sqlalchemy import Text, UniqueConstraint
 from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.naming import check_name
@@ -37,6 +39,13 @@ class WlmState(StrEnum):
     """The last deploy failed (see last_error)."""
 
 
+class WlmRole(StrEnum):
+    COMPUTE = "compute"
+    """Runs jobs (the controller too, when it is named among the cluster's nodes)."""
+    CONTROLLER = "controller"
+    """Runs only the workload manager's control daemons (slurmctld, slurmdbd)."""
+
+
 class WlmCluster(SQLModel, table=True):
     __tablename__ = "wlm_cluster"
 
@@ -44,7 +53,6 @@ class WlmCluster(SQLModel, table=True):
     name: str = Field(max_length=40, unique=True, index=True)
     kind: str = Field(default=WlmKind.SLURM, max_length=16)
     controller_id: int = Field(foreign_key="node.id", index=True)
-    nodes: str = Field(max_length=65535)  # folded hostlist of member nodes
     settings: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     state: str = Field(default=WlmState.NEW, max_length=16)
     last_error: str | None = Field(default=None, sa_column=Column(Text))
@@ -60,15 +68,47 @@ class WlmCluster(SQLModel, table=True):
     deployed_at: datetime | None = Field(default=None, sa_column=ts_column())
 
 
-class SlurmDeployRequest(SQLModel):
+class WlmMember(SQLModel, table=True):
+    """A node in a cluster, and its role there; deleting either side removes the row."""
+
+    __tablename__ = "wlm_member"
+    __table_args__ = (UniqueConstraint("node_id"),)  # a node is in at most one cluster
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: int = Field(foreign_key="wlm_cluster.id", index=True, ondelete="CASCADE")
+    node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")
+    role: str = Field(default=WlmRole.COMPUTE, max_length=16)
+
+
+class WlmDeployRequest(SQLModel):
+    """What every deploy names: the cluster, its controller and member nodes; each kind adds its knobs."""
+
+    name: str = Field(max_length=40)
+    controller: str = Field(max_length=63)
+    nodes: str = Field(max_length=65535)
+    verify: bool = True
+
+    def settings_json(self) -> dict[str, Any]:
+        """The knobs as stored in the cluster's settings column."""
+        return {}
+
+    def secrets(self) -> dict[str, str]:
+        """Write-only values the workload manager keeps in files (never in the database)."""
+        return {}
+
+
+class SlurmDeployRequest(WlmDeployRequest):
     """``bcm wlm deploy slurm``: controller node, member nodes, knobs; the DB password is write-only."""
 
     name: str = Field(default="slurm", max_length=40)
-    controller: str = Field(max_length=63)
-    nodes: str = Field(max_length=65535)
     settings: SlurmSettings = Field(default_factory=SlurmSettings)
     storage_pass: SecretStr | None = Field(default=None, max_length=256)
-    verify: bool = True
+
+    def settings_json(self) -> dict[str, Any]:
+        return self.settings.model_dump(mode="json")
+
+    def secrets(self) -> dict[str, str]:
+        return {"storage_pass": self.storage_pass.get_secret_value()} if self.storage_pass else {}
 
     @field_validator("name")
     @classmethod

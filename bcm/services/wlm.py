@@ -1,5 +1,7 @@
-"""Workload-manager use cases on the database: plan a Slurm deploy, render its files, record outcomes,
-map nodes to clusters, apply Slurm's node states. The SSH/Ansible work is in ``bcm.workers.wlm``.
+"""Workload-manager use cases on the database: plan a deploy, gather what the workload manager renders
+its files from, record outcomes, map nodes to clusters (through ``wlm_member``), apply the workload
+manager's node states. The SSH/Ansible work is in ``bcm.workers.wlm``; what is particular to Slurm is
+behind ``bcm.drivers.wlm``, picked by the cluster's kind.
 
 Secrets live in 0600 files under ``<state_dir>/wlm/<cluster>/`` (directory 0700), not in the
 database: an encryption key would have to sit in that same state directory, so encrypting would
@@ -11,102 +13,58 @@ Services flush but never commit: the request or background job owns the transact
 
 from __future__ import annotations
 
-import hashlib
-import os
-import secrets
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
 from bcm.domain.naming import expand_hostlist, fold_hostlist
-from bcm.domain.slurm import NodeInput, SlurmCluster, SlurmSettings, build_cluster
 from bcm.domain.states import State
-from bcm.drivers.ansible import AnsibleHost
+from bcm.drivers import wlm
 from bcm.errors import Conflict, NotFound
 from bcm.models.base import utcnow
 from bcm.models.category import Category
 from bcm.models.gpu import Gpu
 from bcm.models.node import Interface, Node
 from bcm.models.wlm import (
-    SlurmDeployRequest,
     WlmCluster,
     WlmClusterDetail,
     WlmClusterPublic,
-    WlmKind,
+    WlmDeployRequest,
+    WlmMember,
     WlmNodePublic,
+    WlmRole,
     WlmState,
 )
 from bcm.services import events
 from bcm.services import nodes as node_svc
 from bcm.services.render import render
 
-SLURM_TEMPLATES = ("slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf")
-MUNGE_KEY_BYTES = 1024  # what `mungekey` makes by default
 _GONE = {State.RETIRED.value, State.DISCOVERED.value}
-
-
-def render_slurm_files(cluster: SlurmCluster, storage_pass: str) -> dict[str, str]:
-    """The four Slurm files for a cluster; only slurmdbd.conf sees the database password."""
-    out = {}
-    for name in SLURM_TEMPLATES:
-        extra = {"storage_pass": storage_pass} if name == "slurmdbd.conf" else {}
-        out[name] = render(f"slurm/etc/slurm/{name}.j2", cluster=cluster, s=cluster.settings, **extra)
-    return out
-
-
-# ---- secrets on disk ------------------------------------------------------------------------------
+_LIVE = (WlmState.DEPLOYED.value, WlmState.PARTIAL.value)  # clusters whose nodes are drained through them
+_CHUNK = 500  # IN (...) lists stay under every backend's bound-parameter limit
 
 
 def secrets_dir(state_dir: Path, cluster: str) -> Path:
     return state_dir / "wlm" / cluster
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+def keep_secrets(state_dir: Path, kind: str, req: WlmDeployRequest) -> None:
+    """The write-only values of a deploy request, in the cluster's secrets directory."""
+    wlm.get(kind).keep_secrets(secrets_dir(state_dir, req.name), req.secrets())
 
 
-def ensure_munge_key(state_dir: Path, cluster: str) -> tuple[Path, str]:
-    """The cluster's munge key file (made once, 0600) and its sha256; the key itself is never returned."""
-    path = secrets_dir(state_dir, cluster) / "munge.key"
-    if not path.exists():
-        _write_private(path, secrets.token_bytes(MUNGE_KEY_BYTES))
-    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
 
 
-def store_storage_pass(state_dir: Path, cluster: str, password: str | None) -> None:
-    if password is not None:
-        _write_private(secrets_dir(state_dir, cluster) / "storage.pass", password.encode())
-
-
-def storage_pass(state_dir: Path, cluster: str) -> str:
-    path = secrets_dir(state_dir, cluster) / "storage.pass"
-    return path.read_text() if path.exists() else ""
-
-
-def write_slurmdbd_conf(state_dir: Path, cluster: str, text: str) -> Path:
-    path = secrets_dir(state_dir, cluster) / "slurmdbd.conf"
-    _write_private(path, text.encode())
-    return path
-
-
-def write_rendered(state_dir: Path, cluster: str, files: dict[str, str]) -> dict[str, str]:
-    """Rendered files written out for Ansible to copy (``src:``): their text never passes through
-    extra vars, where Ansible would template any ``{{ … }}`` in it on the head node."""
-    out = {}
-    for file_name, text in files.items():
-        path = secrets_dir(state_dir, cluster) / "etc" / file_name
-        _write_private(path, text.encode())
-        out[file_name] = str(path)
-    return out
+def _in_order(names: Iterable[str]) -> list[str]:
+    """Names in hostlist order (``gpu2`` before ``gpu10``), as the folded hostlist lists them."""
+    names = list(names)
+    return expand_hostlist(fold_hostlist(names)) if names else []
 
 
 # ---- clusters ---------------------------------------------------------------------------------------
@@ -166,108 +124,158 @@ def _check_deployable(session: Session, nodes: list[Node], role: str) -> dict[st
     return addrs
 
 
-def plan_slurm(session: Session, req: SlurmDeployRequest, actor: str) -> WlmCluster:
-    """Create or update the cluster row for a deploy; 404/409 before anything runs.
+def members(session: Session, row: WlmCluster) -> list[Node]:
+    """The cluster's compute nodes (what its hostlist names), in hostlist order."""
+    stmt = (
+        select(Node)
+        .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+        .where(WlmMember.cluster_id == row.id, WlmMember.role == WlmRole.COMPUTE.value)
+    )
+    by_name = {n.name: n for n in session.exec(stmt)}
+    return [by_name[n] for n in _in_order(by_name)]
+
+
+def member_names(session: Session, row: WlmCluster) -> list[str]:
+    stmt = (
+        select(Node.name)
+        .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+        .where(WlmMember.cluster_id == row.id, WlmMember.role == WlmRole.COMPUTE.value)
+    )
+    return _in_order(session.exec(stmt))
+
+
+def hostlist(session: Session, row: WlmCluster) -> str:
+    """The cluster's compute members folded (``gpu[01-16]``); "" for none."""
+    names = member_names(session, row)
+    return fold_hostlist(names) if names else ""
+
+
+def _others(session: Session, cluster_id: int | None, node_ids: list[int | None]) -> dict[str, str]:
+    """node name -> name of the other cluster it belongs to, for those of ``node_ids`` that do."""
+    out: dict[str, str] = {}
+    for chunk in _chunks(node_ids):
+        stmt = (
+            select(Node.name, WlmCluster.name)
+            .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+            .join(WlmCluster, col(WlmCluster.id) == col(WlmMember.cluster_id))
+            .where(col(WlmMember.node_id).in_(chunk))
+        )
+        if cluster_id is not None:
+            stmt = stmt.where(WlmMember.cluster_id != cluster_id)
+        out.update(dict(session.exec(stmt).all()))
+    return out
+
+
+def _check_free(session: Session, cluster: WlmCluster | None, controller: Node, nodes: list[Node]) -> None:
+    """409 for nodes (or the controller) that belong to another cluster: a node is in at most one."""
+    others = _others(session, cluster.id if cluster else None, [n.id for n in nodes] + [controller.id])
+    clash = [n.name for n in nodes if n.name in others]
+    if clash:
+        other = others[clash[0]]
+        raise Conflict(f"nodes: {fold_hostlist(sorted(clash))} already belong to cluster {other!r}")
+    if controller.name in others:
+        raise Conflict(
+            f"controller: {controller.name} already belongs to cluster {others[controller.name]!r}"
+        )
+
+
+def _set_members(session: Session, cluster: WlmCluster, controller: Node, nodes: list[Node]) -> None:
+    """Make the cluster's rows name exactly ``nodes`` (compute) and its controller."""
+    roles: dict[int, str] = {n.id or 0: WlmRole.COMPUTE.value for n in nodes}
+    roles.setdefault(controller.id or 0, WlmRole.CONTROLLER.value)
+    current = {
+        m.node_id: m for m in session.exec(select(WlmMember).where(WlmMember.cluster_id == cluster.id))
+    }
+    gone = [node_id for node_id in current if node_id not in roles]
+    for chunk in _chunks(gone):  # deleted first: a node may come back in another role
+        session.execute(
+            delete(WlmMember).where(
+                col(WlmMember.cluster_id) == cluster.id, col(WlmMember.node_id).in_(chunk)
+            )
+        )
+    for node_id, role in roles.items():
+        row = current.get(node_id)
+        if row is None:
+            session.add(WlmMember(cluster_id=cluster.id or 0, node_id=node_id, role=role))
+        elif row.role != role:
+            row.role = role
+            session.add(row)
+
+
+def plan_deploy(session: Session, kind: str, req: WlmDeployRequest, actor: str) -> WlmCluster:
+    """Create or update the cluster row and its members for a deploy; 404/409 before anything runs.
 
     Two deploys of one cluster exclude each other through the per-node locks the caller takes in the
     same transaction (a deploy of a crashed server expires with its locks instead of blocking forever).
     """
+    wlm.get(kind)  # 422 for a kind bcm cannot drive, before anything is recorded
     names = expand_hostlist(req.nodes)
-    members = node_svc.get_many(session, names)
+    nodes = node_svc.get_many(session, names)
     controller = node_svc.get_many(session, [req.controller])[0]
     _check_deployable(session, [controller], "controller")
-    _check_deployable(session, members, "nodes")
-    for other in query(session):
-        if other.name == req.name:
-            continue
-        clash = set(expand_hostlist(other.nodes)) & set(names)
-        if clash:
-            raise Conflict(f"nodes: {fold_hostlist(sorted(clash))} already belong to cluster {other.name!r}")
+    _check_deployable(session, nodes, "nodes")
     cluster = session.exec(select(WlmCluster).where(WlmCluster.name == req.name)).first()
+    if cluster is not None and cluster.kind != kind:
+        raise Conflict(f"name: cluster {req.name!r} is a {cluster.kind} cluster, not {kind}", field="name")
+    _check_free(session, cluster, controller, nodes)
     if cluster is None:
-        cluster = WlmCluster(
-            name=req.name, kind=WlmKind.SLURM.value, controller_id=controller.id or 0, nodes=""
-        )
+        cluster = WlmCluster(name=req.name, kind=kind, controller_id=controller.id or 0)
     cluster.controller_id = controller.id or 0
-    cluster.nodes = fold_hostlist(names)
-    cluster.settings = req.settings.model_dump(mode="json")
+    cluster.settings = req.settings_json()
     cluster.state = WlmState.DEPLOYING.value
     cluster.last_error = None
     cluster.updated_at = utcnow()
     session.add(cluster)
+    session.flush()  # the cluster's id, for its member rows
+    _set_members(session, cluster, controller, nodes)
     events.record(
-        session, actor, "wlm.deploy", req.name, f"slurm on {cluster.nodes}, controller {controller.name}"
+        session,
+        actor,
+        "wlm.deploy",
+        req.name,
+        f"{kind} on {fold_hostlist(names)}, controller {controller.name}",
     )
     session.flush()
     return cluster
 
 
-@dataclass
-class SlurmPlan:
-    """Everything a deploy job needs, read from the database in one go."""
+def _host(
+    node: Node, addrs: dict[str, str | None], gpus: list[tuple[int, str | None]], cats: dict[Any, str]
+) -> wlm.WlmHost:
+    return wlm.WlmHost(
+        node.name,
+        addrs[node.name],
+        node.ssh_host_key,
+        node.facts or {},
+        gpus,
+        cats.get(node.category_id) if node.category_id is not None else None,
+    )
 
-    cluster: str
-    controller: str
-    hosts: list[AnsibleHost]
-    members: list[str]
-    extravars: dict[str, Any]
-    config: SlurmCluster
 
-
-def build_plan(session: Session, state_dir: Path, name: str) -> SlurmPlan:
-    """Render the files from the database, put the secrets in place, and list the Ansible hosts."""
+def build_plan(session: Session, state_dir: Path, name: str) -> wlm.DeployPlan:
+    """What the workload manager renders from, read in one go; it renders, keeps its secrets in place
+    and lists the Ansible hosts."""
     row = get(session, name)
     controller = session.get(Node, row.controller_id)
     if controller is None:
         raise NotFound(f"cluster {name}: controller node is gone")
-    members = node_svc.get_many(session, expand_hostlist(row.nodes))
-    addrs = _addresses(session, [controller, *members])
+    nodes = members(session, row)
+    addrs = _addresses(session, [controller, *nodes])
     cats = {c.id: c.name for c in session.exec(select(Category))}
     gpus: dict[int, list[tuple[int, str | None]]] = {}
-    for g in session.exec(select(Gpu).where(col(Gpu.node_id).in_([m.id for m in members]))):
-        gpus.setdefault(g.node_id, []).append((g.index, g.name))
-    inputs = [
-        NodeInput(
-            m.name,
-            addrs[m.name],
-            m.facts or {},
-            gpus.get(m.id or 0, []),
-            cats.get(m.category_id) if m.category_id is not None else None,
-        )
-        for m in members
-    ]
-    settings = SlurmSettings.model_validate(row.settings or {})
-    config = build_cluster(row.name, controller.name, addrs[controller.name], inputs, settings)
-    files = render_slurm_files(config, storage_pass(state_dir, name))
-    key_path, fingerprint = ensure_munge_key(state_dir, name)
-    dbd_path = write_slurmdbd_conf(state_dir, name, files.pop("slurmdbd.conf"))
-    file_paths = write_rendered(state_dir, name, files)
-    row.munge_key_sha256 = fingerprint
+    for chunk in _chunks([m.id for m in nodes]):
+        for g in session.exec(select(Gpu).where(col(Gpu.node_id).in_(chunk))):
+            gpus.setdefault(g.node_id, []).append((g.index, g.name))
+    spec = wlm.ClusterSpec(
+        row.name,
+        _host(controller, addrs, gpus.get(controller.id or 0, []), cats),
+        [_host(m, addrs, gpus.get(m.id or 0, []), cats) for m in nodes],
+        row.settings or {},
+    )
+    plan = wlm.get(row.kind).plan(spec, secrets_dir(state_dir, name), render)
+    row.munge_key_sha256 = plan.fingerprint
     session.add(row)
-    member_names = [m.name for m in members]
-    hosts = [
-        AnsibleHost(
-            controller.name,
-            addrs[controller.name] or "",
-            controller.ssh_host_key or "",
-            ("slurm_controller", "slurmdbd", *(("slurm_nodes",) if controller.name in member_names else ())),
-        )
-    ]
-    hosts += [
-        AnsibleHost(m.name, addrs[m.name] or "", m.ssh_host_key or "", ("slurm_nodes",))
-        for m in members
-        if m.name != controller.name
-    ]
-    extravars = {
-        "bcm_slurm": {
-            "cluster": row.name,
-            "files": file_paths,
-            "slurm_user": settings.slurm_user,
-            "munge_key_src": str(key_path),
-            "slurmdbd_conf_src": str(dbd_path),
-        }
-    }
-    return SlurmPlan(row.name, controller.name, hosts, member_names, extravars, config)
+    return plan
 
 
 def finish_deploy(
@@ -316,37 +324,47 @@ def controller_target(session: Session, row: WlmCluster) -> tuple[str, str, str 
     return node.name, addr, node.ssh_host_key
 
 
+def _live_members(session: Session, names: list[str]) -> list[tuple[str, str]]:
+    """(node, cluster) for those of the named nodes that are compute members of a deployed cluster."""
+    found: list[tuple[str, str]] = []
+    for chunk in _chunks(names):
+        stmt = (
+            select(Node.name, WlmCluster.name)
+            .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+            .join(WlmCluster, col(WlmCluster.id) == col(WlmMember.cluster_id))
+            .where(
+                col(Node.name).in_(chunk),
+                WlmMember.role == WlmRole.COMPUTE.value,
+                col(WlmCluster.state).in_(_LIVE),
+            )
+        )
+        found += list(session.exec(stmt))
+    return found
+
+
 def wlm_members(session: Session, names: list[str]) -> list[str]:
-    """Those of the named nodes that belong to a deployed cluster (their drain goes through Slurm)."""
-    wanted, found = set(names), set()
-    for row in query(session):
-        if row.state in (WlmState.DEPLOYED, WlmState.PARTIAL):
-            found |= wanted & set(expand_hostlist(row.nodes))
+    """Those of the named nodes that belong to a deployed cluster (their drain goes through it)."""
+    found = {node for node, _cluster in _live_members(session, names)}
     return [n for n in names if n in found]
 
 
 def clusters_of(session: Session, names: list[str]) -> dict[str, list[str]]:
     """Deployed clusters holding the named nodes; 409 naming the nodes that belong to none."""
-    wanted = set(names)
+    owner = dict(_live_members(session, names))
     out: dict[str, list[str]] = {}
-    for row in query(session):
-        if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
-            continue
-        hit = [n for n in expand_hostlist(row.nodes) if n in wanted]
-        if hit:
-            out[row.name] = hit
-            wanted -= set(hit)
+    for n in _in_order(owner):
+        out.setdefault(owner[n], []).append(n)
+    wanted = set(names) - set(owner)
     if wanted:
         raise Conflict(f"nodes: not in a deployed workload manager: {fold_hostlist(sorted(wanted))}")
-    return out
+    return dict(sorted(out.items()))
 
 
 def apply_states(session: Session, name: str, states: dict[str, str]) -> int:
-    """Store Slurm's view of each member node (``None`` for nodes slurmctld does not know)."""
+    """Store the workload manager's view of each member node (``None`` for nodes it does not know)."""
     row = get(session, name)
-    members = expand_hostlist(row.nodes)
     changed = 0
-    for node in node_svc.get_many(session, members):
+    for node in members(session, row):
         new = states.get(node.name)
         if node.wlm_state != new:
             node.wlm_state = new
@@ -360,11 +378,13 @@ def apply_states(session: Session, name: str, states: dict[str, str]) -> int:
 
 def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> WlmClusterPublic:
     controller = session.get(Node, row.controller_id)
+    nodes = members(session, row) if detail else []
+    names = [m.name for m in nodes] if detail else member_names(session, row)
     base: dict[str, Any] = dict(
         name=row.name,
         kind=row.kind,
         controller=controller.name if controller else "?",
-        nodes=row.nodes,
+        nodes=fold_hostlist(names) if names else "",
         state=row.state,
         settings=row.settings or {},
         last_error=row.last_error,
@@ -380,10 +400,10 @@ def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> Wlm
     )
     if not detail:
         return WlmClusterPublic(**base)
-    members = node_svc.get_many(session, expand_hostlist(row.nodes))
     counts: dict[int, int] = {}
-    for g in session.exec(select(Gpu.node_id).where(col(Gpu.node_id).in_([m.id for m in members]))):
-        counts[g] = counts.get(g, 0) + 1
+    for chunk in _chunks([m.id for m in nodes]):
+        for g in session.exec(select(Gpu.node_id).where(col(Gpu.node_id).in_(chunk))):
+            counts[g] = counts.get(g, 0) + 1
     return WlmClusterDetail(
         **base,
         members=[
@@ -393,6 +413,6 @@ def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> Wlm
                 provision_state=m.provision_state,
                 gpus=counts.get(m.id or 0, 0),
             )
-            for m in members
+            for m in nodes
         ],
     )

@@ -1,6 +1,6 @@
 """GPU health in the background: carry out drain/resume decisions and mark silent nodes stale.
 
-:func:`apply_pending` moves bcm's node state and then asks the workload manager (Slurm) to drain or
+:func:`apply_pending` moves bcm's node state and then asks the node's workload manager to drain or
 resume; a failure is retried (bounded) by the next sweep. :class:`HealthWorker` runs the periodic loop:
 one pass per ``settings.health.interval_s``, cancellable, each pass bounded in rows. The first staleness
 check waits ``stale_intervals`` intervals after start, so a head node that was down does not mark every
@@ -25,41 +25,45 @@ log = logging.getLogger("bcm.health")
 
 
 async def wlm_apply(engine: Engine, settings: Settings, item: svc.PendingAction) -> str | None:
-    """Drain or resume the node in its Slurm cluster; None when it belongs to no deployed cluster.
+    """Drain or resume the node in its workload manager; None when it belongs to no deployed cluster.
 
-    Slurm's own view decides whose drain it is: a node already drained with a reason that does not
-    start with ``bcm:`` is an admin's, and bcm neither overwrites nor resumes it.
+    The workload manager's own view decides whose drain it is: a node already drained with a reason
+    bcm did not write (Slurm: not starting with ``bcm:``) is an admin's, and bcm neither overwrites
+    nor resumes it.
     """
-    from bcm.drivers import slurm
+    from bcm.drivers import wlm
     from bcm.drivers.ssh import SshClient, Target
     from bcm.errors import Conflict
     from bcm.services import wlm as wlm_svc
     from bcm.workers import wlm as wlm_jobs
 
-    def owner() -> tuple[str, Target] | None:
+    def owner() -> tuple[str, str, Target] | None:
         with session_scope(engine) as s:
             try:
                 cluster = next(iter(wlm_svc.clusters_of(s, [item.node])))
             except Conflict:  # in no deployed workload manager: bcm's node state is all there is
                 return None
-            ctl, addr, key = wlm_svc.controller_target(s, wlm_svc.get(s, cluster))
-            return cluster, Target(ctl, addr, settings.ssh.port, key)
+            row = wlm_svc.get(s, cluster)
+            ctl, addr, key = wlm_svc.controller_target(s, row)
+            return cluster, row.kind, Target(ctl, addr, settings.ssh.port, key)
 
     found = await anyio.to_thread.run_sync(owner)
     if found is None:
         return None
-    cluster, controller = found
-    current = (await slurm.node_states(SshClient.from_settings(settings), controller)).get(item.node)
-    admins = current is not None and bool(current.reason) and not current.drained_by_bcm
+    cluster, kind, controller = found
+    manager = wlm.get(kind)
+    where = f"{manager.title} {cluster}"
+    current = (await manager.node_states(SshClient.from_settings(settings), controller)).get(item.node)
+    admins = current is not None and bool(current.reason) and not manager.drained_by_bcm(current)
     if item.action == svc.DRAIN:
-        if admins and current is not None and current.state.startswith("drain"):
-            return f"Slurm {cluster}: already drained by an admin ({current.reason}); left alone"
+        if admins and current is not None and manager.is_drained(current):
+            return f"{where}: already drained by an admin ({current.reason}); left alone"
         await wlm_jobs.drain(engine, settings, [item.node], item.reason, svc.ACTOR)
-        return f"Slurm {cluster}: drained"
+        return f"{where}: drained"
     if admins:
-        return f"Slurm {cluster}: an admin drained it since ({current.reason if current else ''}); left alone"
+        return f"{where}: an admin drained it since ({current.reason if current else ''}); left alone"
     await wlm_jobs.resume(engine, settings, [item.node], svc.ACTOR)
-    return f"Slurm {cluster}: resumed"
+    return f"{where}: resumed"
 
 
 async def apply_pending(engine: Engine, settings: Settings, node_ids: list[int] | None = None) -> int:

@@ -173,9 +173,11 @@ class Runner:
     async def _through_workload_manager(
         self, verb: str, names: list[str], actor: str, reason: str | None
     ) -> None:
-        """Nodes in a deployed cluster are drained/resumed in it first (Slurm: ``bcm:`` reasons).
+        """Nodes in a deployed cluster are drained/resumed in its workload manager first (with a reason
+        marked as bcm's: ``bcm: …`` in Slurm).
 
-        Legality is checked before Slurm is touched; if Slurm fails, bcm's own state is left as it was.
+        Legality is checked before the workload manager is touched; if it fails, bcm's own state is
+        left as it was.
         """
         from bcm.services import wlm as wlm_svc
         from bcm.workers import wlm as wlm_worker

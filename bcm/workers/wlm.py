@@ -1,5 +1,6 @@
-"""Workload-manager background work: Slurm deploy and verify operations, drain/resume through
-scontrol, and the loop that copies Slurm's node states into the database.
+"""Workload-manager background work: deploy and verify operations, drain/resume, and the loop that
+copies the workload manager's node states into the database. Each step asks the cluster's
+:class:`~bcm.drivers.wlm.WorkloadManager` (by its kind), never a workload manager by name.
 
 Deploy order: lock the hosts, render, check the controller answers over SSH (if not, fail before
 anything is touched), run the playbook (controller play first; compute nodes only if it passed),
@@ -17,11 +18,11 @@ import anyio
 from sqlalchemy.engine import Engine
 
 from bcm.db import session_scope
-from bcm.domain.naming import expand_hostlist, fold_hostlist
-from bcm.drivers import ansible, slurm
+from bcm.domain.naming import fold_hostlist
+from bcm.drivers import wlm
 from bcm.drivers.ssh import SshClient, Target
 from bcm.errors import BcmError, Conflict, DriverError
-from bcm.models.wlm import SlurmDeployRequest, WlmStarted, WlmState
+from bcm.models.wlm import WlmDeployRequest, WlmStarted, WlmState
 from bcm.services import events
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
@@ -48,34 +49,35 @@ def _ssh(settings: Settings) -> SshClient:
     return SshClient.from_settings(settings)
 
 
-def _controller(engine: Engine, name: str, port: int) -> Target:
+def _controller(engine: Engine, name: str, port: int) -> tuple[wlm.WorkloadManager, Target]:
+    """The cluster's workload manager and how to reach its controller."""
     with session_scope(engine) as s:
-        ctl, addr, key = svc.controller_target(s, svc.get(s, name))
-    return Target(ctl, addr, port, key)
+        row = svc.get(s, name)
+        ctl, addr, key = svc.controller_target(s, row)
+        kind = row.kind
+    return wlm.get(kind), Target(ctl, addr, port, key)
 
 
 # ---- deploy ----------------------------------------------------------------------------------------
 
 
-async def start_deploy(runner: Any, req: SlurmDeployRequest, actor: str) -> WlmStarted:
+async def start_deploy(runner: Any, kind: str, req: WlmDeployRequest, actor: str) -> WlmStarted:
     """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background."""
     engine, settings = runner.engine, runner.settings
 
     def begin() -> tuple[int, list[str]]:
         with session_scope(engine) as s:
-            row = svc.plan_slurm(s, req, actor)
+            row = svc.plan_deploy(s, kind, req, actor)
             ctl = svc.controller_target(s, row)[0]
-            hosts = list(dict.fromkeys([ctl, *expand_hostlist(row.nodes)]))
+            members = svc.member_names(s, row)
+            hosts = list(dict.fromkeys([ctl, *members]))
             op = op_svc.create(s, "wlm.deploy", fold_hostlist(hosts), len(hosts), actor)
             assert op.id is not None
             # owned by the operation: an interrupted or cancelled deploy releases them with it
             node_svc.acquire_locks(s, hosts, op_svc.lock_owner(op.id))
-            svc.store_storage_pass(
-                settings.state_dir,
-                req.name,
-                req.storage_pass.get_secret_value() if req.storage_pass else None,
-            )
-            op.log = f"deploy slurm cluster {row.name}: controller {ctl}, nodes {row.nodes} by {actor}\n"
+            svc.keep_secrets(settings.state_dir, kind, req)
+            nodes = fold_hostlist(members)
+            op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {nodes} by {actor}\n"
             row.last_deploy_op = op.id
             s.add(row)
             return op.id, hosts
@@ -116,15 +118,15 @@ async def _guard(
         await anyio.to_thread.run_sync(release)
 
 
-async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) -> None:
+async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) -> None:
     engine, settings = runner.engine, runner.settings
 
-    def plan() -> svc.SlurmPlan:
+    def plan() -> tuple[wlm.WorkloadManager, wlm.DeployPlan]:
         with session_scope(engine) as s:
             op_svc.start(s, op_svc.get(s, op_id))
-            return svc.build_plan(s, settings.state_dir, req.name)
+            return wlm.get(svc.get(s, req.name).kind), svc.build_plan(s, settings.state_dir, req.name)
 
-    p = await anyio.to_thread.run_sync(plan)
+    manager, p = await anyio.to_thread.run_sync(plan)
     ssh = _ssh(settings)
     ctl_host = next(h for h in p.hosts if h.name == p.controller)
     probe = await ssh.run_one(
@@ -136,18 +138,13 @@ async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) 
         await anyio.to_thread.run_sync(_finish_op, engine, op_id, reason)
         return
 
-    result = await anyio.to_thread.run_sync(
-        lambda: ansible.run_playbook(
-            "slurm.yml",
-            p.hosts,
-            p.extravars,
-            key_file=settings.ssh_key_file,
-            work_dir=settings.state_dir / "ansible",
-            username=settings.ssh.username,
-            connect_timeout_s=settings.ssh.connect_timeout_s,
-            timeout_s=DEPLOY_TIMEOUT_S,
-        )
+    access = wlm.AnsibleAccess(
+        key_file=settings.ssh_key_file,
+        work_dir=settings.state_dir / "ansible",
+        username=settings.ssh.username,
+        connect_timeout_s=settings.ssh.connect_timeout_s,
     )
+    result = await anyio.to_thread.run_sync(manager.deploy, p, access, DEPLOY_TIMEOUT_S)
     per_host: dict[str, dict[str, Any]] = {}
     for name, recap in result.hosts.items():
         entry: dict[str, Any] = {"status": recap.status, "changed": recap.changed, "ok_tasks": recap.ok}
@@ -174,7 +171,7 @@ async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) 
 
     deployed = [n for n in p.members if per_host.get(n, {}).get("status") == "ok"]
     if error is None and deployed:
-        states = await slurm.wait_registered(
+        states = await manager.wait_registered(
             ssh,
             Target(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key),
             deployed,
@@ -182,10 +179,11 @@ async def _deploy(runner: Any, op_id: int, req: SlurmDeployRequest, actor: str) 
         )
         for n in deployed:
             st = states.get(n)
-            per_host[n]["slurm_state"] = st.state if st else None
-            if st is None or not slurm._responding(st):
+            per_host[n][f"{manager.kind}_state"] = st.state if st else None
+            if not manager.is_responding(st):
                 per_host[n].update(
-                    status="failed", error=f"slurmd did not register ({st.state if st else 'unknown'})"
+                    status="failed",
+                    error=f"{manager.node_agent} did not register ({st.state if st else 'unknown'})",
                 )
         await anyio.to_thread.run_sync(
             _store_states, engine, req.name, {k: v.state for k, v in states.items()}
@@ -210,7 +208,7 @@ def _record_hosts(
     engine: Engine,
     op_id: int,
     name: str,
-    p: svc.SlurmPlan,
+    p: wlm.DeployPlan,
     per_host: dict[str, dict[str, Any]],
     error: str | None,
     actor: str,
@@ -249,8 +247,8 @@ async def start_verify(runner: Any, name: str | None, actor: str) -> WlmStarted:
             row = svc.pick(s, name)
             if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
                 raise Conflict(f"cluster {row.name} is {row.state}: deploy it before verifying")
-            members = expand_hostlist(row.nodes)
-            op = op_svc.create(s, "wlm.verify", row.nodes, len(members), actor)
+            members = svc.member_names(s, row)
+            op = op_svc.create(s, "wlm.verify", fold_hostlist(members), len(members), actor)
             op_svc.start(s, op)
             row.last_verify_op = op.id
             s.add(row)
@@ -266,22 +264,20 @@ async def start_verify(runner: Any, name: str | None, actor: str) -> WlmStarted:
     return WlmStarted(cluster=cluster, operation_id=op_id)
 
 
-async def _verify(
-    runner: Any, op_id: int, name: str, actor: str, *, record_on_op: bool
-) -> slurm.VerifyResult:
+async def _verify(runner: Any, op_id: int, name: str, actor: str, *, record_on_op: bool) -> wlm.VerifyResult:
     """The verification job; results go on a verify operation, or into the deploy operation's log."""
     engine, settings = runner.engine, runner.settings
 
     def load() -> list[str]:
         with session_scope(engine) as s:
-            return expand_hostlist(svc.get(s, name).nodes)
+            return svc.member_names(s, svc.get(s, name))
 
     members = await anyio.to_thread.run_sync(load)
-    target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
+    manager, target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
     try:
-        result = await slurm.verify_job(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S)
+        result = await manager.verify(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S)
     except DriverError as exc:
-        result = slurm.VerifyResult(False, exc.message)
+        result = wlm.VerifyResult(False, exc.message)
     detail = {
         "ok": result.ok,
         "message": result.message,
@@ -332,7 +328,7 @@ async def _verify(
 async def drain(
     engine: Engine, settings: Settings, names: list[str], reason: str | None, actor: str
 ) -> list[dict[str, Any]]:
-    """``scontrol update State=DRAIN Reason="bcm: …"`` on each owning controller; 409 if a node has no cluster."""
+    """Drain in each owning cluster (Slurm: ``State=DRAIN Reason="bcm: …"``); 409 if a node has no cluster."""
     return await _node_action(engine, settings, names, actor, "drain", reason)
 
 
@@ -352,21 +348,24 @@ async def _node_action(
     ssh = _ssh(settings)
     out: list[dict[str, Any]] = []
     for cluster, members in by_cluster.items():
-        target = await anyio.to_thread.run_sync(_controller, engine, cluster, settings.ssh.port)
+        manager, target = await anyio.to_thread.run_sync(_controller, engine, cluster, settings.ssh.port)
         if action == "drain":
-            await slurm.drain(ssh, target, members, reason)
-            states = await slurm.node_states(ssh, target)
+            await manager.drain(ssh, target, members, reason)
+            states = await manager.node_states(ssh, target)
         else:
-            await slurm.resume(ssh, target, members)
-            # slurmctld pings a resumed node before it counts as responding again (``idle*`` meanwhile)
-            states = await slurm.wait_registered(ssh, target, members, timeout_s=RESUME_WAIT_S)
+            await manager.resume(ssh, target, members)
+            # the controller pings a resumed node before it counts as responding again (``idle*`` meanwhile)
+            states = await manager.wait_registered(ssh, target, members, timeout_s=RESUME_WAIT_S)
 
         def record(
-            cluster: str = cluster, members: list[str] = members, states: dict[str, Any] = states
+            cluster: str = cluster,
+            members: list[str] = members,
+            states: dict[str, Any] = states,
+            manager: wlm.WorkloadManager = manager,
         ) -> None:
             with session_scope(engine) as s:
                 svc.apply_states(s, cluster, {k: v.state for k, v in states.items()})
-                message = slurm.clean_reason(reason) if action == "drain" else ""
+                message = manager.drain_reason(reason) if action == "drain" else ""
                 events.record(s, actor, f"wlm.{action}", fold_hostlist(members), message)
 
         await anyio.to_thread.run_sync(record)
@@ -385,9 +384,9 @@ async def _node_action(
 
 
 async def sync_cluster(engine: Engine, settings: Settings, name: str) -> dict[str, str]:
-    """Copy Slurm's node states into the database now; returns them."""
-    target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
-    states = {k: v.state for k, v in (await slurm.node_states(_ssh(settings), target)).items()}
+    """Copy the workload manager's node states into the database now; returns them."""
+    manager, target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
+    states = {k: v.state for k, v in (await manager.node_states(_ssh(settings), target)).items()}
     await anyio.to_thread.run_sync(_store_states, engine, name, states)
     return states
 

@@ -90,3 +90,102 @@ def test_drain_of_nodes_outside_any_cluster_is_409(wlm_api: Any) -> None:
 def test_status_of_unknown_cluster_is_404(wlm_api: Any) -> None:
     assert wlm_api.get("/api/v1/wlm/nope").status_code == 404
     assert wlm_api.post("/api/v1/wlm/nope/verify").status_code == 404
+
+
+# ---- membership: rows in wlm_member, shown as a folded hostlist -------------------------------------------
+
+
+def _plan(engine: Any, name: str, controller: str, nodes: str) -> None:
+    from bcm.db import session_scope
+    from bcm.models.wlm import SlurmDeployRequest
+    from bcm.services import wlm as wlm_svc
+
+    with session_scope(engine) as s:
+        wlm_svc.plan_deploy(
+            s, "slurm", SlurmDeployRequest(name=name, controller=controller, nodes=nodes), "test"
+        )
+
+
+def _rows(engine: Any) -> set[tuple[str, str, str]]:
+    from bcm.models.wlm import WlmCluster, WlmMember
+
+    with Session(engine) as s:
+        stmt = (
+            select(WlmCluster.name, Node.name, WlmMember.role)
+            .join(WlmMember, WlmMember.cluster_id == WlmCluster.id)  # type: ignore[arg-type]
+            .join(Node, Node.id == WlmMember.node_id)  # type: ignore[arg-type]
+        )
+        return set(s.exec(stmt).all())
+
+
+def _deployed(engine: Any, name: str) -> None:
+    from bcm.models.wlm import WlmCluster
+
+    with Session(engine) as s:
+        s.execute(update(WlmCluster).where(WlmCluster.name == name).values(state="deployed"))  # type: ignore[arg-type]
+        s.commit()
+
+
+def test_members_are_rows_shown_as_a_hostlist(wlm_api: Any, engine: Any) -> None:
+    r = wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "head,gpu[01-03],gpu10", "ip": "198.18.9.10"})
+    assert r.status_code == 201, r.text
+    inventoried(engine, "head", "gpu01", "gpu02", "gpu03", "gpu10")
+    _plan(engine, "alpha", "head", "gpu10,gpu[01-03]")
+    assert _rows(engine) == {("alpha", "head", "controller")} | {
+        ("alpha", n, "compute") for n in ("gpu01", "gpu02", "gpu03", "gpu10")
+    }
+    listed = wlm_api.get("/api/v1/wlm").json()
+    assert [(c["name"], c["controller"], c["nodes"]) for c in listed] == [("alpha", "head", "gpu[01-03,10]")]
+    shown = wlm_api.get("/api/v1/wlm/alpha").json()
+    assert shown["nodes"] == "gpu[01-03,10]"
+    assert [m["name"] for m in shown["members"]] == ["gpu01", "gpu02", "gpu03", "gpu10"]  # hostlist order
+
+    # a deleted node leaves its cluster
+    assert wlm_api.delete("/api/v1/nodes/gpu10").status_code == 200
+    assert wlm_api.get("/api/v1/wlm/alpha").json()["nodes"] == "gpu[01-03]"
+
+
+def test_a_node_is_in_at_most_one_cluster(wlm_api: Any, engine: Any) -> None:
+    from bcm.errors import Conflict
+
+    r = wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "head,gpu[01-04]", "ip": "198.18.9.10"})
+    assert r.status_code == 201, r.text
+    inventoried(engine, "head", "gpu01", "gpu02", "gpu03", "gpu04")
+    _plan(engine, "alpha", "head", "gpu[01-02]")
+    with pytest.raises(Conflict, match=r"nodes: gpu02 already belong to cluster 'alpha'"):
+        _plan(engine, "beta", "gpu03", "gpu[02-04]")
+    with pytest.raises(Conflict, match=r"controller: head already belongs to cluster 'alpha'"):
+        _plan(engine, "beta", "head", "gpu[03-04]")
+    assert {c for c, _n, _r in _rows(engine)} == {"alpha"}  # nothing of beta was recorded
+
+    # a redeploy moves the members: the old controller leaves, a member becomes the controller
+    _plan(engine, "alpha", "gpu02", "gpu[01-02]")
+    assert _rows(engine) == {("alpha", "gpu01", "compute"), ("alpha", "gpu02", "compute")}
+    _plan(engine, "alpha", "gpu03", "gpu01")
+    assert _rows(engine) == {("alpha", "gpu01", "compute"), ("alpha", "gpu03", "controller")}
+    _plan(engine, "beta", "head", "gpu[02,04]")  # free again
+    assert wlm_api.get("/api/v1/wlm/beta").json()["nodes"] == "gpu[02,04]"
+
+
+def test_drains_go_to_the_deployed_cluster_of_each_compute_member(wlm_api: Any, engine: Any) -> None:
+    from bcm.db import session_scope
+    from bcm.errors import Conflict
+    from bcm.services import wlm as wlm_svc
+
+    r = wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "head,login,gpu[01-04]", "ip": "198.18.9.10"})
+    assert r.status_code == 201, r.text
+    inventoried(engine, "head", "login", "gpu01", "gpu02", "gpu03", "gpu04")
+    _plan(engine, "alpha", "head", "gpu[01-02]")
+    _plan(engine, "beta", "login", "gpu[03-04]")
+    with session_scope(engine) as s:
+        assert wlm_svc.wlm_members(s, ["gpu01", "gpu03"]) == []  # deploying: not yet drained through them
+    _deployed(engine, "alpha")
+    _deployed(engine, "beta")
+    with session_scope(engine) as s:
+        assert wlm_svc.wlm_members(s, ["head", "gpu03", "gpu01"]) == ["gpu03", "gpu01"]
+        assert wlm_svc.clusters_of(s, ["gpu04", "gpu01", "gpu02"]) == {
+            "alpha": ["gpu01", "gpu02"],
+            "beta": ["gpu04"],
+        }
+        with pytest.raises(Conflict, match="head"):  # a controller only is in no workload manager's nodes
+            wlm_svc.clusters_of(s, ["gpu01", "head"])

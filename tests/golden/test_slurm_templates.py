@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 
 from bcm.domain.slurm import NodeInput, SlurmSettings, build_cluster
-from bcm.services.wlm import render_slurm_files
+from bcm.drivers.wlm import slurm
+from bcm.services.render import render
 
 GOLDEN = Path(__file__).parent / "slurm"
+
+
+def render_slurm_files(cluster, password):
+    return slurm.render_files(cluster, password, render)
+
+
 H100 = "NVIDIA H100 80GB HBM3"
 
 

@@ -1,4 +1,5 @@
-"""/api/v1/wlm: workload-manager clusters: deploy Slurm, status, verify, sync, drain and resume nodes."""
+"""/api/v1/wlm: workload-manager clusters: deploy (one route per kind), status, verify, sync, drain and
+resume nodes. Past the deploy route, nothing here names a kind: the cluster's own kind decides."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from fastapi import APIRouter, Request, status
 
 from bcm.api.deps import Operator, SessionDep, Viewer, actor
 from bcm.domain.naming import expand_hostlist
-from bcm.models.wlm import SlurmDeployRequest, WlmClusterDetail, WlmClusterPublic, WlmNodeRequest, WlmStarted
+from bcm.models.wlm import (
+    SlurmDeployRequest,
+    WlmClusterDetail,
+    WlmClusterPublic,
+    WlmKind,
+    WlmNodeRequest,
+    WlmStarted,
+)
 from bcm.services import wlm as svc
 from bcm.workers import wlm as jobs
 
@@ -17,7 +25,7 @@ router = APIRouter(prefix="/wlm", tags=["wlm"])
 
 @router.post("/slurm/deploy", response_model=WlmStarted, status_code=status.HTTP_202_ACCEPTED)
 async def deploy_slurm(body: SlurmDeployRequest, request: Request, token: Operator) -> WlmStarted:
-    return await jobs.start_deploy(request.app.state.runner, body, actor(token))
+    return await jobs.start_deploy(request.app.state.runner, WlmKind.SLURM.value, body, actor(token))
 
 
 @router.get("", response_model=list[WlmClusterPublic])

@@ -1,0 +1,186 @@
+"""The workload-manager interface: what bcm asks of Slurm (and, later, Kubernetes), and the data it
+gets back. Callers hold a :class:`WorkloadManager` from :func:`bcm.drivers.wlm.get` and never name one.
+
+Contract of :class:`WorkloadManager`:
+
+- ``plan`` is pure apart from the cluster's secrets directory (0700, files 0600): it renders the
+  configuration files from a :class:`ClusterSpec` with the renderer it is handed, creates the secrets
+  the cluster needs once (the munge key …), writes the rendered files there for Ansible to copy
+  (``src:``), and returns the Ansible hosts and extra vars of the deploy. No secret value is ever in
+  the plan: extra vars only name files.
+- ``deploy`` runs the plan's playbook, blocking (callers run it in a worker thread); it returns
+  per-host recaps and never raises for one host's failure.
+- The async methods talk to the running cluster through its controller over SSH. Each call is
+  bounded in time; a controller that does not answer raises RetryableDriverError, any other failure
+  DriverError naming the controller and the reason.
+- ``verify`` is all or nothing: one job step on every named node, each given one GPU; its
+  :class:`VerifyResult` says which nodes ran and what they saw.
+- Node states are the workload manager's own words, lower case (Slurm: ``idle``, ``drained``,
+  ``idle*`` …); only the predicates here interpret them (``is_responding``, ``is_drained``,
+  ``drained_by_bcm``), so callers never parse them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from bcm.drivers.ansible import AnsibleHost, PlaybookResult
+from bcm.drivers.ssh import SshClient, Target
+
+Render = Callable[..., str]
+"""``render(template_path, **context) -> text``: the one template environment (bcm.services.render),
+handed in so that drivers never import services."""
+
+
+@dataclass(frozen=True)
+class WlmNodeState:
+    state: str  # the workload manager's long state, lower case
+    reason: str | None = None  # why it is drained/down, as the workload manager records it
+
+
+@dataclass(frozen=True)
+class WlmHost:
+    """One node as a plan needs it: address, pinned host key, inventoried facts and GPUs."""
+
+    name: str
+    address: str | None
+    host_key: str | None
+    facts: dict[str, Any] = field(default_factory=dict)
+    gpus: list[tuple[int, str | None]] = field(default_factory=list)  # (index, product name)
+    category: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A cluster as the database holds it: controller, member nodes (in order) and stored settings."""
+
+    name: str
+    controller: WlmHost
+    members: list[WlmHost]
+    settings: dict[str, Any]
+
+
+@dataclass
+class DeployPlan:
+    """Everything a deploy job needs; ``fingerprint`` is the sha256 of the cluster's shared secret."""
+
+    cluster: str
+    controller: str
+    hosts: list[AnsibleHost]
+    members: list[str]
+    extravars: dict[str, Any]
+    config: Any = None  # the workload manager's own cluster model (bcm.domain.slurm.SlurmCluster)
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class AnsibleAccess:
+    """How the head node reaches the nodes for a playbook run."""
+
+    key_file: Path
+    work_dir: Path
+    username: str = "root"
+    connect_timeout_s: float = 10.0
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    message: str
+    job_id: str | None = None
+    nodes: dict[str, str] = field(default_factory=dict)  # node -> CUDA_VISIBLE_DEVICES seen by the step
+    alloc_tres: str | None = None  # what accounting says the job was given (``gres/gpu=N`` …)
+    output: str = ""
+
+
+class WorkloadManager(Protocol):
+    """One kind of workload manager (see the module docstring for the contract)."""
+
+    kind: ClassVar[str]  # a bcm.models.wlm.WlmKind value
+    title: ClassVar[str]  # as messages name it: "Slurm"
+    node_agent: ClassVar[str]  # the node daemon a deploy waits for: "slurmd"
+
+    def plan(self, spec: ClusterSpec, secrets_dir: Path, render: Render) -> DeployPlan:
+        """Render the files, make the cluster's secrets once, list the Ansible hosts and vars."""
+        ...
+
+    def keep_secrets(self, secrets_dir: Path, secrets: Mapping[str, str]) -> None:
+        """Store the secrets a deploy request carried (0600 files), for ``plan`` to use."""
+        ...
+
+    def deploy(self, plan: DeployPlan, access: AnsibleAccess, timeout_s: float) -> PlaybookResult:
+        """Run the plan's playbook (blocking); per-host recaps."""
+        ...
+
+    async def node_states(
+        self, ssh: SshClient, controller: Target, timeout_s: float = 30
+    ) -> dict[str, WlmNodeState]:
+        """Every node the controller knows, with its state and reason."""
+        ...
+
+    async def wait_registered(
+        self, ssh: SshClient, controller: Target, names: list[str], timeout_s: float = 90
+    ) -> dict[str, WlmNodeState]:
+        """Poll until every named node responds, bounded by ``timeout_s``; the last states seen."""
+        ...
+
+    async def verify(
+        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120
+    ) -> VerifyResult:
+        """The all-or-nothing verification job across ``names``."""
+        ...
+
+    async def drain(
+        self, ssh: SshClient, controller: Target, names: list[str], reason: str | None, timeout_s: float = 30
+    ) -> None:
+        """Stop scheduling on the nodes, recording ``drain_reason(reason)``."""
+        ...
+
+    async def resume(
+        self, ssh: SshClient, controller: Target, names: list[str], timeout_s: float = 30
+    ) -> None:
+        """Schedule on the nodes again."""
+        ...
+
+    def drain_reason(self, reason: str | None) -> str:
+        """The reason as bcm records it: one bounded line marked as bcm's."""
+        ...
+
+    def drained_by_bcm(self, state: WlmNodeState) -> bool:
+        """The node's reason is one bcm wrote (bcm resumes only those)."""
+        ...
+
+    def is_drained(self, state: WlmNodeState) -> bool:
+        """Drained or draining: no new work is scheduled on it."""
+        ...
+
+    def is_responding(self, state: WlmNodeState | None) -> bool:
+        """The node is registered and answers the controller."""
+        ...
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` 0600 (its directory 0700), replacing it atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def write_rendered(secrets_dir: Path, files: Mapping[str, str]) -> dict[str, str]:
+    """Rendered files written out for Ansible to copy (``src:``): their text never passes through
+    extra vars, where Ansible would template any ``{{ … }}`` in it on the head node."""
+    out = {}
+    for file_name, text in files.items():
+        path = secrets_dir / "etc" / file_name
+        write_private(path, text.encode())
+        out[file_name] = str(path)
+    return out
