@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cli.client import CliError
 from cli.common import JsonOpt, client, follow
 from cli.render import emit_json, err, kv, out, table
 

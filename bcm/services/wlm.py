@@ -135,6 +135,13 @@ def members(session: Session, row: WlmCluster) -> list[Node]:
     return [by_name[n] for n in _in_order(by_name)]
 
 
+def nodes_with_gpus(session: Session, node_ids: list[int]) -> set[int]:
+    """Which of these nodes have inventoried GPUs."""
+    if not node_ids:
+        return set()
+    return set(session.exec(select(Gpu.node_id).where(col(Gpu.node_id).in_(node_ids)).distinct()))
+
+
 def member_names(session: Session, row: WlmCluster) -> list[str]:
     stmt = (
         select(Node.name)

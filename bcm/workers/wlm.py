@@ -268,14 +268,16 @@ async def _verify(runner: Any, op_id: int, name: str, actor: str, *, record_on_o
     """The verification job; results go on a verify operation, or into the deploy operation's log."""
     engine, settings = runner.engine, runner.settings
 
-    def load() -> list[str]:
+    def load() -> tuple[list[str], bool]:
         with session_scope(engine) as s:
-            return svc.member_names(s, svc.get(s, name))
+            nodes = svc.members(s, svc.get(s, name))
+            with_gpus = svc.nodes_with_gpus(s, [n.id for n in nodes if n.id is not None])
+            return [n.name for n in nodes], bool(with_gpus)
 
-    members = await anyio.to_thread.run_sync(load)
+    members, gpus = await anyio.to_thread.run_sync(load)
     manager, target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
     try:
-        result = await manager.verify(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S)
+        result = await manager.verify(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S, gpus=gpus)
     except DriverError as exc:
         result = wlm.VerifyResult(False, exc.message)
     detail = {

@@ -382,7 +382,7 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
     assert now["dnsmasq_restarts"] == 1 and os.path.exists(f"/proc/{now['dnsmasq_pid']}")
 
     api.__exit__(None, None, None)  # a restart: the stored settings come back, and dnsmasq with them
-    assert not os.path.exists(f"/proc/{now['dnsmasq_pid']}") or open(f"/proc/{now['dnsmasq_pid']}/stat").read().split()[2] == "Z"
+    assert not os.path.exists(f"/proc/{now['dnsmasq_pid']}") or Path(f"/proc/{now['dnsmasq_pid']}/stat").read_text().split()[2] == "Z"
     api = restartable()
     again = api.get("/api/v1/pxe").json()
     assert again["enabled"] and again["interface"] == "bcmt-nowhere0" and again["dnsmasq_pid"]

@@ -42,13 +42,16 @@ def _peer(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-@router.get("/ipxe/boot.ipxe", response_class=PlainTextResponse)
+SCRIPT = {200: {"content": {"text/plain": {}}, "description": "an iPXE script"}}
+
+
+@router.get("/ipxe/boot.ipxe", response_class=Response, responses=SCRIPT)
 def entry(request: Request) -> PlainTextResponse:
     """The first script: chain to the one for the booting MAC."""
     return PlainTextResponse(svc.entry_script(request.app.state.settings), media_type=IPXE)
 
 
-@router.get("/ipxe/{mac}", response_class=PlainTextResponse)
+@router.get("/ipxe/{mac}", response_class=Response, responses=SCRIPT)
 async def ipxe_script(mac: MacPath, request: Request) -> PlainTextResponse:
     """The iPXE script for this machine's purpose (an unknown MAC gets discovery)."""
     address = normalize_mac(mac)

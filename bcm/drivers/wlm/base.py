@@ -129,9 +129,10 @@ class WorkloadManager(Protocol):
         ...
 
     async def verify(
-        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120
+        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True
     ) -> VerifyResult:
-        """The all-or-nothing verification job across ``names``."""
+        """The all-or-nothing verification job across ``names`` (one GPU each unless ``gpus`` is False:
+        a cluster whose nodes have none, as inventoried)."""
         ...
 
     async def drain(

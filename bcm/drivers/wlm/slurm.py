@@ -209,9 +209,10 @@ class Slurm:
             await asyncio.sleep(interval_s)
 
     async def verify(
-        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120
+        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True
     ) -> VerifyResult:
-        """One step on every named node with one GPU each; all or nothing; then the job's AllocTRES."""
+        """One step on every named node with one GPU each (none when ``gpus`` is False: nodes without GPUs);
+        all or nothing; then the job's AllocTRES."""
         if not names:
             raise InvalidInput("nodes: nothing to verify", field="nodes")
         hostlist = fold_hostlist(names)
@@ -224,7 +225,7 @@ class Slurm:
                 f"--ntasks={n}",
                 "--ntasks-per-node=1",
                 f"--nodelist={hostlist}",
-                "--gres=gpu:1",
+                *(["--gres=gpu:1"] if gpus else []),
                 "--job-name=bcm-verify",
                 "--time=5",
                 f"--immediate={max(10, int(timeout_s) // 2)}",
@@ -246,7 +247,7 @@ class Slurm:
                 job_id = parts[2]
         output = (result.stdout + result.stderr)[-4000:]
         missing = [x for x in names if x not in seen]
-        no_gpu = [x for x, cuda in seen.items() if not cuda]
+        no_gpu = [x for x, cuda in seen.items() if not cuda] if gpus else []
         if not result.ok or missing or no_gpu:
             why = []
             if not result.ok:
@@ -258,7 +259,8 @@ class Slurm:
                 why.append(f"no GPU given to the step on {fold_hostlist(no_gpu)}")
             return VerifyResult(False, "; ".join(why), job_id, seen, None, output)
         tres = await _alloc_tres(ssh, controller, job_id) if job_id else None
-        return VerifyResult(True, f"one GPU step ran on all {n} nodes", job_id, seen, tres, output)
+        what = "one GPU step" if gpus else "one step (no GPUs inventoried)"
+        return VerifyResult(True, f"{what} ran on all {n} nodes", job_id, seen, tres, output)
 
     async def drain(
         self, ssh: SshClient, controller: Target, names: list[str], reason: str | None, timeout_s: float = 30
