@@ -260,7 +260,6 @@ def test_deadline_expired_token_and_queue_limit(
     api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]
 ) -> None:
     publish_image(engine, settings)
-    settings.pxe.provision_timeout_s = 4
     settings.pxe.max_concurrent = 1
     add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"], image="img")
     add_with_bmc(api, "gpu02", "52:54:00:aa:00:02", bmcs["redfish"], image="img")
@@ -270,6 +269,20 @@ def test_deadline_expired_token_and_queue_limit(
     # one at a time: gpu02 waits its turn (never powered) while gpu01 is in flight
     assert not Machine(bmcs["redfish"].dir).is_on()
     assert node(api, "gpu02")["provision_state"] == "provisioning"
+    # the clock passes gpu01's deadline (and its token's, which is the same)
+    from bcm.models.base import utcnow
+    from bcm.models.node import Node
+    from bcm.models.pxe import BootToken
+
+    with Session(engine) as s:
+        n1 = s.exec(select(Node).where(Node.name == "gpu01")).one()
+        n1.provision_deadline = utcnow()
+        for t in s.exec(select(BootToken).where(BootToken.node_id == n1.id)):
+            assert t.expires_at == n1.provision_deadline or t.expires_at > utcnow()
+            t.expires_at = n1.provision_deadline
+            s.add(t)
+        s.add(n1)
+        s.commit()
     n = wait_state(api, "gpu01", "failed", timeout_s=30)
     assert "did not call back" in n["last_error"]
     r = api.post("/boot/v1/hello", json={"mac": MAC}, headers={"Authorization": f"Bearer {token}"})

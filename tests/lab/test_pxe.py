@@ -168,4 +168,7 @@ def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_p
     deploy = run.cli("wlm", "deploy", "slurm", "--name", "pxe", "--controller", controller, "--nodes", "pxn[01-02]",
                      "--json", timeout=3600, check=False)  # fmt: skip
     op = json.loads(deploy.stdout) if deploy.stdout.strip().startswith("{") else {}
-    assert deploy.returncode == 0 and op.get("state") == "succeeded", (op, deploy.stderr[-2000:])
+    if deploy.returncode != 0:
+        sinfo = run.lab.run(controller, ["sh", "-c", "sinfo -N -o '%N %T %E %c %m'; scontrol show node pxn01"])
+        pytest.fail(f"deploy failed: {op.get('error')}\n{sinfo.stdout[-3000:]}\n{sinfo.stderr[-500:]}")
+    assert op.get("state") == "succeeded", op
