@@ -63,8 +63,7 @@ def deploy_slurm(
 
 
 def _lab_defaults(body: dict[str, Any]) -> None:
-    """A cluster made only of one lab's nodes gets that lab's Slurm settings and accounting database (its
-    nodes are the lab's SSH nodes, or nodes whose boot MAC is one of the lab's VMs: PXE-booted there).
+    """A cluster made only of one lab's nodes gets that lab's Slurm settings and accounting database.
 
     `bcm lab up` records them (settings in ``slurm.json``, the database password 0600 beside it);
     explicit ``--set`` values and ``--storage-pass-stdin`` win.
@@ -77,7 +76,7 @@ def _lab_defaults(body: dict[str, Any]) -> None:
     root = lab_state_root()
     for found in sorted(root.glob(f"*/{accounting.SETTINGS_FILE}")) if root.is_dir() else []:
         nodes, settings, password = accounting.slurm_defaults(found.parent)
-        if not wanted <= set(nodes) and not _lab_vms(found.parent, wanted - set(nodes)):
+        if not wanted <= set(nodes):
             continue
         if "storage_user" not in settings and "storage_pass" not in body:
             raise CliError(
@@ -89,18 +88,6 @@ def _lab_defaults(body: dict[str, Any]) -> None:
             body["storage_pass"] = password
         err.print(f"lab {found.parent.name}: lab Slurm settings and accounting database {settings.get('storage_loc')}")
         return
-
-
-def _lab_vms(lab_dir: Any, names: set[str]) -> bool:
-    """Whether every one of ``names`` is a node whose boot MAC is one of this lab's VMs."""
-    from bcm.lab import vm
-
-    vm_macs = {v.mac for v in vm.load(lab_dir)}
-    if not vm_macs:
-        return False
-    items = client().get("/api/v1/nodes", nodes=",".join(sorted(names)), limit=1000)["items"]
-    macs = {n["name"]: {i["mac"] for i in n["interfaces"]} for n in items}
-    return all(macs.get(name, set()) & vm_macs for name in names)
 
 
 def _show(op: dict[str, Any], as_json: bool) -> None:
