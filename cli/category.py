@@ -25,11 +25,16 @@ def add(
     kernel_args: Annotated[str | None, typer.Option()] = None,
     wlm_role: Annotated[str | None, typer.Option()] = None,
     description: Annotated[str | None, typer.Option()] = None,
+    discover_mac_prefix: Annotated[
+        str | None, typer.Option(help="PXE: machines whose MAC starts so join this category at discovery")
+    ] = None,
+    discover_names: Annotated[str | None, typer.Option(help="…named from this hostlist, first free first")] = None,
 ) -> None:
     """Create a category."""
     client().post(
         "/api/v1/categories",
-        _body(name=name, image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description),
+        _body(name=name, image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description,
+              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names),  # fmt: skip
     )
     out.print(f"created category {name}")
 
@@ -68,11 +73,14 @@ def set_category(
     kernel_args: Annotated[str | None, typer.Option()] = None,
     wlm_role: Annotated[str | None, typer.Option()] = None,
     description: Annotated[str | None, typer.Option()] = None,
+    discover_mac_prefix: Annotated[str | None, typer.Option(help="PXE discovery rule: MAC prefix")] = None,
+    discover_names: Annotated[str | None, typer.Option(help="PXE discovery rule: names (hostlist)")] = None,
 ) -> None:
     """Change a category."""
     client().patch(
         f"/api/v1/categories/{name}",
-        _body(image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description),
+        _body(image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description,
+              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names),  # fmt: skip
     )
     out.print(f"updated category {name}")
 

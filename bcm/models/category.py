@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,31 @@ class CategoryBase(SQLModel):
     description: str | None = Field(default=None, max_length=1024)
     bmc_protocol: str | None = Field(default=None, max_length=16)  # ipmi | redfish
     bmc_user: str | None = Field(default=None, max_length=64)
+    # PXE discovery rule: a discovered machine whose MAC starts with the prefix is assigned the first free
+    # name of the hostlist, in this category, at once (no `bcm node assign`)
+    discover_mac_prefix: str | None = Field(default=None, max_length=17)
+    discover_names: str | None = Field(default=None, max_length=1024)
+
+    @field_validator("discover_mac_prefix")
+    @classmethod
+    def _mac_prefix(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        value = v.strip().lower().replace("-", ":")
+        if not re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){0,5}", value):
+            raise ValueError(f"discover_mac_prefix: {v[:17]!r} is not a MAC prefix (1-6 octets, like 52:54:00)")
+        return value
+
+    @field_validator("discover_names")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        from bcm.domain.naming import expand_hostlist
+
+        for name in expand_hostlist(v, "discover_names"):
+            check_name(name, "discover_names")
+        return v
 
     @field_validator("bmc_protocol")
     @classmethod

@@ -348,17 +348,49 @@ def discover(session: Session, settings: Settings, report: DiscoveryReport, peer
                 f"{waiting} discovered machines wait to be assigned (limit {settings.pxe.max_discovered}); "
                 "assign or remove some (bcm node discovered)"
             )
-        node = Node(name=discovered_name(report.mac), provision_state=State.DISCOVERED.value)
+        rule = _rule_for(session, report.mac)
+        name, state, category_id = discovered_name(report.mac), State.DISCOVERED.value, None
+        if rule is not None:
+            free = _free_name(session, rule)
+            if free is None:
+                events.record(session, ACTOR, "node.discovered", report.mac,
+                              f"category {rule.name}: no free name left in {rule.discover_names}", severity="warning")  # fmt: skip
+            else:
+                name, state, category_id = free, State.REGISTERED.value, rule.id
+        node = Node(name=name, provision_state=state, category_id=category_id)
         session.add(node)
         session.flush()
         assert node.id is not None
         session.add(Interface(node_id=node.id, name=_boot_nic(report.facts, report.mac), mac=report.mac, boot=True))
-        events.record(session, ACTOR, "node.discovered", node.name, f"{report.mac} from {peer or 'unknown'}")
+        how = f" (category {rule.name}'s rule)" if category_id is not None and rule is not None else ""
+        events.record(session, ACTOR, "node.discovered", node.name, f"{report.mac} from {peer or 'unknown'}{how}")
+        if category_id is not None:
+            node.facts, node.updated_at = facts, utcnow()
+            session.add(node)
+            session.flush()
+            return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True)
     node.facts = facts
     node.updated_at = utcnow()
     session.add(node)
     session.flush()
     return DiscoveryAccepted(node=node.name, state=node.provision_state)
+
+
+def _rule_for(session: Session, mac: str) -> Category | None:
+    """The category whose discovery rule matches the MAC (the longest prefix wins)."""
+    rules = session.exec(select(Category).where(col(Category.discover_mac_prefix).is_not(None))).all()
+    matching = [c for c in rules if c.discover_names and mac.startswith(c.discover_mac_prefix or "-")]
+    return max(matching, key=lambda c: (len(c.discover_mac_prefix or ""), c.name), default=None)
+
+
+def _free_name(session: Session, rule: Category) -> str | None:
+    from bcm.domain.naming import expand_hostlist
+
+    pool = expand_hostlist(rule.discover_names or "", "discover_names")
+    taken: set[str] = set()
+    for i in range(0, len(pool), 500):
+        taken |= set(session.exec(select(Node.name).where(col(Node.name).in_(pool[i : i + 500]))))
+    return next((n for n in pool if n not in taken), None)
 
 
 def _boot_nic(facts: HardwareFacts, mac: str) -> str:

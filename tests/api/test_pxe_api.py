@@ -403,3 +403,28 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
     off = api.put("/api/v1/pxe", json={"enabled": False}).json()
     assert off["enabled"] is False and off["dnsmasq_pid"] is None and off["interface"] == "bcmt-nowhere0"
     assert any(e.message.startswith("PXE disabled") for e in events(engine, "pxe.config"))
+
+
+def test_a_category_rule_assigns_discovered_machines(api: TestClient, engine: Any) -> None:
+    r = api.post("/api/v1/categories", json={"name": "dgx", "discover_mac_prefix": "52-54-00-AA",
+                                             "discover_names": "dgx[01-02]"})  # fmt: skip
+    assert r.status_code == 201, r.text
+    assert r.json()["discover_mac_prefix"] == "52:54:00:aa"
+    bad = api.post("/api/v1/categories", json={"name": "x", "discover_mac_prefix": "zz:1"})
+    assert bad.status_code == 422 and bad.json()["field"] == "discover_mac_prefix"
+    bad = api.post("/api/v1/categories", json={"name": "x", "discover_names": "Not_A_Name[1-2]"})
+    assert bad.status_code == 422 and bad.json()["field"] == "discover_names"
+    assert api.post("/api/v1/nodes", json={"name": "dgx01"}).status_code == 201  # taken: the rule skips it
+
+    def discover(mac: str) -> dict[str, Any]:
+        r = api.post("/boot/v1/discover", json={"mac": mac, "facts": FACTS}, headers={"Authorization": ""})
+        assert r.status_code == 202, r.text
+        return dict(r.json())
+
+    assert discover("52:54:00:aa:00:01") == {"node": "dgx02", "state": "registered", "assigned": True}
+    n = node(api, "dgx02")
+    assert n["category"] == "dgx" and n["interfaces"][0]["mac"] == "52:54:00:aa:00:01"
+    assert discover("52:54:00:aa:00:02")["state"] == "discovered"  # the pool is used up
+    assert discover("52:54:00:bb:00:01")["state"] == "discovered"  # no rule matches
+    assert any("no free name left" in e.message for e in events(engine, "node.discovered"))
+    assert {d["mac"] for d in api.get("/api/v1/discovered").json()} == {"52:54:00:aa:00:02", "52:54:00:bb:00:01"}

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Request, status
@@ -42,7 +42,7 @@ def _peer(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-SCRIPT = {200: {"content": {"text/plain": {}}, "description": "an iPXE script"}}
+SCRIPT: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {}}, "description": "an iPXE script"}}
 
 
 @router.get("/ipxe/boot.ipxe", response_class=Response, responses=SCRIPT)

@@ -1,4 +1,4 @@
-"""PXE provisioning: settings set through the API; one-time boot tokens; a node's overlay host key and its place in the provisioning queue
+"""PXE provisioning: settings set through the API; one-time boot tokens; a node's overlay host key and its place in the provisioning queue; category discovery rules
 
 Revision ID: 0009_pxe
 Revises: 0008_images
@@ -53,9 +53,15 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("provision_queued_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("provision_started_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("provision_deadline", sa.DateTime(timezone=True), nullable=True))
+    with op.batch_alter_table("category", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("discover_mac_prefix", sqlmodel.sql.sqltypes.AutoString(length=17), nullable=True))
+        batch_op.add_column(sa.Column("discover_names", sqlmodel.sql.sqltypes.AutoString(length=1024), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("category", schema=None) as batch_op:
+        batch_op.drop_column("discover_names")
+        batch_op.drop_column("discover_mac_prefix")
     with op.batch_alter_table("node", schema=None) as batch_op:
         batch_op.drop_column("provision_deadline")
         batch_op.drop_column("provision_started_at")
