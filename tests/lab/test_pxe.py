@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +26,13 @@ import pytest
 from bcm.devserver import BCM, REPO, Server
 from bcm.lab import vm
 from bcm.lab.lab import Lab
+from tests.lab.test_health_e2e import until
 
 pytestmark = pytest.mark.lab
 
 NAME, SUBNET, HEAD = "pxlab", "198.18.80.0/24", "198.18.80.1"
 IMAGE = "lab"
 BOOT_WAIT_S = 1500
-
-
-def until(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:  # bounded by timeout_s
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(every_s)
 
 
 class Run:
