@@ -147,6 +147,19 @@ def write_hosts(hosts_dir: Path, entries: list[tuple[str, str | None, str]]) -> 
     return written, removed
 
 
+def leased_address(leases: Path, mac: str) -> str | None:
+    """The address dnsmasq's lease file gives ``mac`` (``expiry mac ip name client-id`` lines), if any."""
+    try:
+        lines = leases.read_text().splitlines()[:100_000]
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[1].lower() == mac:
+            return parts[2]
+    return None
+
+
 def prepare_tftp(ipxe_dir: Path, tftp: Path) -> None:
     """The TFTP root: the iPXE binaries and nothing else."""
     tftp.mkdir(parents=True, exist_ok=True)

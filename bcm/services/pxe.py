@@ -177,8 +177,14 @@ def _url(settings: Settings, image: Image, a: ImageArtifact) -> str:
     return server_url(settings) + image_svc.artifact_url(image, a)
 
 
-def boot_script(session: Session, settings: Settings, mac: str) -> BootScript:
-    """The iPXE script for the machine that booted from ``mac`` (the caller commits: tokens, events)."""
+def boot_script(
+    session: Session, settings: Settings, mac: str, *, peer: str | None = None, leased: str | None = None,
+    check_lease: bool = False,
+) -> BootScript:
+    """The iPXE script for the machine that booted from ``mac`` (the caller commits: tokens, events).
+
+    With ``check_lease`` (bcm's own DHCP), a script with a boot token is answered only to ``leased``, the
+    address dnsmasq gave that MAC: someone who merely knows a provisioning node's MAC gets no token."""
     node = node_by_mac(session, mac)
     if node is None or node.provision_state == State.DISCOVERED.value:
         return _discovery(session, settings, mac, node)
@@ -195,6 +201,12 @@ def boot_script(session: Session, settings: Settings, mac: str) -> BootScript:
         found = _artifact_urls(session, settings, image)
     except NotFound as exc:
         return _no_image(session, node, exc.message)
+    if check_lease and (leased is None or peer != leased):
+        events.record(session, ACTOR, "boot.script", node.name,
+                      f"refused to {peer}: {mac} has {'no lease' if leased is None else 'the lease ' + leased}",
+                      severity="warning")  # fmt: skip
+        return BootScript("noimage", render("ipxe/noimage.ipxe.j2", node=node.name,
+                                            message=f"this address is not the one leased to {mac}"), node.name)  # fmt: skip
     token = mint_boot_token(session, settings, node, mac)
     kernel, initrd, rootfs = found["kernel"], found["initramfs"], found["rootfs"]
     cmdline = " ".join(

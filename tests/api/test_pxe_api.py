@@ -428,3 +428,30 @@ def test_a_category_rule_assigns_discovered_machines(api: TestClient, engine: An
     assert discover("52:54:00:bb:00:01")["state"] == "discovered"  # no rule matches
     assert any("no free name left" in e.message for e in events(engine, "node.discovered"))
     assert {d["mac"] for d in api.get("/api/v1/discovered").json()} == {"52:54:00:aa:00:02", "52:54:00:bb:00:01"}
+
+
+def test_a_token_goes_only_to_the_address_leased_to_the_mac(
+    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any], tmp_path: Path
+) -> None:
+    """With bcm's own DHCP, the image script (it carries a boot token) is answered only to the MAC's lease."""
+    from bcm.drivers import dnsmasq
+    from bcm.services import pxe
+
+    leases = tmp_path / "dnsmasq.leases"
+    leases.write_text(f"1796304016 {MAC} 198.18.80.133 * 01:{MAC}\n1796304013 52:54:00:aa:00:02 198.18.80.134 * x\n")
+    assert dnsmasq.leased_address(leases, MAC) == "198.18.80.133"
+    assert dnsmasq.leased_address(leases, "52:54:00:aa:00:09") is None
+    assert dnsmasq.leased_address(tmp_path / "none", MAC) is None
+    publish_image(engine, settings)
+    add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"], image="img")
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
+    provision_op(api, "gpu01")
+    with Session(engine) as s:
+        other = pxe.boot_script(s, settings, MAC, peer="198.18.80.134", leased="198.18.80.133", check_lease=True)
+        none = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased=None, check_lease=True)
+        mine = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased="198.18.80.133", check_lease=True)
+        s.commit()
+    assert other.purpose == none.purpose == "noimage" and "bcm.token" not in other.text + none.text
+    assert mine.purpose == "image" and "bcm.token=" in mine.text
+    assert node(api, "gpu01")["provision_state"] == "provisioning"  # a refusal does not fail the node
+    assert any("refused to 198.18.80.134" in e.message for e in events(engine, "boot.script"))

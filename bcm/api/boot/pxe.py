@@ -21,6 +21,7 @@ from bcm.api.boot.agent import bearer_present, capped_body
 from bcm.api.deps import bearer
 from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
+from bcm.drivers import dnsmasq
 from bcm.errors import InvalidInput
 from bcm.models.pxe import DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
 from bcm.services import pxe as svc
@@ -57,9 +58,15 @@ async def ipxe_script(mac: MacPath, request: Request) -> PlainTextResponse:
     address = normalize_mac(mac)
     engine, settings = request.app.state.engine, request.app.state.settings
 
+    dhcp = getattr(request.app.state, "dhcp", None)
+    # with bcm's own DHCP, a script that carries a boot token goes only to the address leased to that MAC
+    leased = dnsmasq.leased_address(dhcp.paths.leases, address) if dhcp and settings.pxe.mode == "dhcp" else None
+    peer = _peer(request)
+
     def work() -> svc.BootScript:
         with session_scope(engine) as session:
-            return svc.boot_script(session, settings, address)
+            return svc.boot_script(session, settings, address, peer=peer, leased=leased, check_lease=dhcp is not None
+                                   and settings.pxe.mode == "dhcp")  # fmt: skip
 
     script = await anyio.to_thread.run_sync(work)
     return PlainTextResponse(script.text, media_type=IPXE, headers={"X-Bcm-Purpose": script.purpose,
