@@ -9,12 +9,15 @@ from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
 from bcm.models.pxe import BootToken
+from bcm.models.tenancy import Department, DepartmentAdmin, Project, ProjectMember
 from bcm.models.wlm import WlmCluster
 
 __all__ = [
     "ApiToken",
     "BootToken",
     "Category",
+    "Department",
+    "DepartmentAdmin",
     "Event",
     "Gpu",
     "GpuHealth",
@@ -27,6 +30,8 @@ __all__ = [
     "NodeHealth",
     "OpState",
     "Operation",
+    "Project",
+    "ProjectMember",
     "Role",
     "User",
     "WlmCluster",
