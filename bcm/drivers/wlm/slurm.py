@@ -57,6 +57,14 @@ def render_files(cluster: SlurmCluster, storage_pass: str, render: Render) -> di
     return out
 
 
+def effective_settings(settings: SlurmSettings, *, tenancy: bool) -> SlurmSettings:
+    """The stored knobs, with accounting enforced once bcm's departments are Slurm accounts (a job then
+    needs an association, and GrpTRES holds); a value stored by hand wins."""
+    if tenancy and not settings.accounting_enforce:
+        return settings.model_copy(update={"accounting_enforce": accts.ENFORCE})
+    return settings
+
+
 def ensure_munge_key(secrets_dir: Path) -> tuple[Path, str]:
     """The cluster's munge key file (made once, 0600) and its sha256; the key itself is never returned."""
     path = secrets_dir / "munge.key"
@@ -166,9 +174,7 @@ class Slurm:
         kept 0600 beside them; the controller runs slurmctld and slurmdbd, the members slurmd."""
         ctl = spec.controller
         inputs = [NodeInput(m.name, m.address, m.facts, m.gpus, m.category) for m in spec.members]
-        settings = SlurmSettings.model_validate(spec.settings)
-        if spec.tenancy and not settings.accounting_enforce:  # accounts exist: their limits must hold
-            settings = settings.model_copy(update={"accounting_enforce": accts.ENFORCE})
+        settings = effective_settings(SlurmSettings.model_validate(spec.settings), tenancy=spec.tenancy)
         config = build_cluster(spec.name, ctl.name, ctl.address, inputs, settings)
         files = render_files(config, storage_pass(secrets_dir), render)
         key_path, fingerprint = ensure_munge_key(secrets_dir)
