@@ -177,6 +177,13 @@ def diff(
                 "modify", "user", u, f"default account {default} -> {new_default}",
                 _sacctmgr("modify", "user", "where", f"name={u}", "set", f"defaultaccount={new_default}"),
             ))  # fmt: skip
+        if not kept:  # their last association on the cluster: the user goes (their default with it)
+            user_removals.append(TenancyChange(
+                "remove", "user", u, f"no longer a member of {', '.join(sorted(gone))}",
+                _sacctmgr("remove", "user", "where", f"name={u}", f"cluster={cluster}"),
+                drift=any((u, a) not in prev_users for a in gone),
+            ))  # fmt: skip
+            continue
         for acct in sorted(gone):
             user_removals.append(TenancyChange(
                 "remove", "user", u, f"no longer a member of {acct}",
