@@ -162,9 +162,9 @@ def _deserved(session: Session, department_id: int | None, *, excluding: int | N
 def _names_taken(session: Session, name: str) -> None:
     """Departments and projects share one namespace (both are Slurm accounts)."""
     if session.exec(select(Department.id).where(Department.name == name)).first() is not None:
-        raise Duplicate(f"name: {name!r} is already a department")
+        raise Duplicate(f"name: {name!r} is already a department", field="name")
     if session.exec(select(Project.id).where(Project.name == name)).first() is not None:
-        raise Duplicate(f"name: {name!r} is already a project")
+        raise Duplicate(f"name: {name!r} is already a project", field="name")
 
 
 def list_departments(session: Session, token: ApiToken) -> list[Department]:
