@@ -53,11 +53,15 @@ def _production():
     return build_cluster("prod", "head01", "198.18.0.1", nodes, settings), "s3cret-pass"
 
 
-def _lab(*, tenancy: bool = False):
-    nodes = [
+def _lab_inputs() -> list[NodeInput]:
+    return [
         NodeInput(f"node{i:02d}", f"198.18.0.{10 + i}", _facts(1, 2, 2, 24), [(0, H100), (1, H100)], None)
         for i in (2, 3, 4)
     ]
+
+
+def _lab(*, tenancy: bool = False):
+    nodes = _lab_inputs()
     settings = SlurmSettings(
         proctrack_type="proctrack/linuxproc",
         task_plugin="task/none",
@@ -118,3 +122,10 @@ def test_accounting_enforced_only_once_departments_exist() -> None:
     # a value stored with the cluster wins over bcm's default
     kept = slurm.effective_settings(SlurmSettings(accounting_enforce="associations"), tenancy=True)
     assert kept.accounting_enforce == "associations"
+
+
+def test_priority_calc_period_only_when_not_slurms_default() -> None:
+    cluster, _ = _lab()
+    assert "PriorityCalcPeriod" not in render_slurm_files(cluster, "")["slurm.conf"]
+    fast = build_cluster("lab", "node01", None, list(_lab_inputs()), SlurmSettings(priority_calc_period=1))
+    assert "\nPriorityCalcPeriod=1\n" in render_slurm_files(fast, "")["slurm.conf"]

@@ -48,12 +48,12 @@ class Holdings:
 
 
 ACCOUNT_QUERY = ["sacctmgr", "-nP", "show", "account", "format=Account,Organization"]
-USER_QUERY = ["sacctmgr", "-nP", "show", "user", "format=User,DefAccount"]
+USER_QUERY = ["sacctmgr", "-nP", "show", "user", "format=User,DefaultAccount"]
 
 
 def assoc_query(cluster: str) -> list[str]:
     return [
-        "sacctmgr", "-nP", "show", "assoc", f"where cluster={cluster}",
+        "sacctmgr", "-nP", "show", "assoc", "where", f"cluster={cluster}",
         "format=Account,User,ParentName,Fairshare,GrpTRES",
     ]  # fmt: skip
 
