@@ -54,10 +54,12 @@ def as_user(run: SlurmLab, user: str, command: str) -> str:
     return sh(run, "sh", "-c", f"cd /tmp && runuser -u {user} -- {command}")
 
 
-def submit(run: SlurmLab, user: str, account: str, seconds: int = 600, name: str = "t") -> str:
+def submit(
+    run: SlurmLab, user: str, account: str, seconds: int = 600, name: str = "t", extra: str = "--gres=gpu:1"
+) -> str:
     out = as_user(
         run, user,
-        f"sbatch --parsable --account={account} --gres=gpu:1 --mem=64M --job-name={name} -o /dev/null --wrap='sleep {seconds}'",
+        f"sbatch --parsable --account={account} {extra} --mem=64M --job-name={name} -o /dev/null --wrap='sleep {seconds}'",
     )  # fmt: skip
     return out.strip().split(";")[0]
 
@@ -201,3 +203,71 @@ def test_tenancy_in_slurm_accounting(ten_lab: SlurmLab) -> None:
     assert not [k for k in tree(run) if k[0] in ("ops", "infra")]
     final = bcm(run, "tenancy", "apply")
     assert final["changes"] == [], final
+
+
+def sacct_rows(run: SlurmLab, jobs: list[str]) -> list[tuple[str, str, str, str]]:
+    """(job, account, state, start) per job, from accounting."""
+    out = sh(run, "sacct", "-X", "-n", "-P", "-j", ",".join(jobs), "-o", "JobID,Account,State,Start")
+    return [tuple(line.split("|")[:4]) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+
+
+def finished(run: SlurmLab, jobs: list[str]) -> bool:
+    rows = sacct_rows(run, jobs)
+    return len(rows) == len(jobs) and all(r[2] == "COMPLETED" for r in rows)
+
+
+def test_fair_share_orders_a_shared_backlog(ten_lab: SlurmLab) -> None:
+    """Same usage so far, same backlog: the project with nine times the shares gets the GPUs first."""
+    run = ten_lab
+    for user in ("alice", "bob"):
+        run.cli_raw("user", "add", user, "--role", "user")
+    bcm(run, "dept", "add", "shared", "--gpus", "4")
+    bcm(run, "project", "add", "light", "--dept", "shared", "--gpus", "2", "--limit", "4", "--fairshare", "1")
+    bcm(run, "project", "add", "heavy", "--dept", "shared", "--gpus", "2", "--limit", "4", "--fairshare", "9")
+    for project, user in (("light", "alice"), ("heavy", "bob")):
+        assert run.cli_raw("project", "members", "add", project, user).returncode == 0
+    deployed = run.cli_raw(
+        "wlm", "deploy", "slurm", "--name", "lab", "--controller", run.controller, "--nodes", run.hostlist,
+        "--no-verify", "--json", "--set", "priority_calc_period=1",
+    )  # fmt: skip
+    assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
+    bcm(run, "tenancy", "apply")
+    assert "PriorityCalcPeriod" in sh(run, "scontrol", "show", "config")
+
+    # the same usage first: one identical job each, side by side
+    warm = [
+        submit(run, "alice", "light", seconds=20, name="warm", extra="-N1 --gres=gpu:2"),
+        submit(run, "bob", "heavy", seconds=20, name="warm", extra="-N1 --gres=gpu:2"),
+    ]
+    wait_for("warm-up jobs done", lambda: finished(run, warm))
+
+    def usage(account: str) -> int:
+        out = sh(run, "sshare", "-nP", "-A", account, "-o", "Account,User,RawUsage")
+        return sum(int(p[2]) for p in (ln.split("|") for ln in out.splitlines()) if not p[1] and p[2].isdigit())
+
+    wait_for("usage recorded for both", lambda: usage("light") > 0 and usage("heavy") > 0)
+
+    # a job of root's holds every GPU while the backlog queues behind it, light's submitted first
+    blocker = sh(run, "sh", "-c", "cd /tmp && sbatch --parsable -N2 --gres=gpu:2 --mem=64M -o /dev/null "
+                 "--wrap='sleep 600'").strip().split(";")[0]  # fmt: skip
+    wait_for("blocker running", lambda: job_state(run, blocker)[0] == "RUNNING")
+    backlog = []
+    for i in range(2):
+        backlog.append(submit(run, "alice", "light", seconds=3, name=f"light{i}", extra="-N2 --gres=gpu:2"))
+        backlog.append(submit(run, "bob", "heavy", seconds=3, name=f"heavy{i}", extra="-N2 --gres=gpu:2"))
+
+    def fairshare_factors() -> dict[str, float]:
+        out = sh(run, "sprio", "-h", "-j", ",".join(backlog), "-o", "%i|%f")
+        return {p[0].strip(): float(p[1]) for p in (ln.split("|") for ln in out.splitlines()) if len(p) == 2}
+
+    def heavy_ahead() -> bool:
+        f = fairshare_factors()
+        if len(f) != len(backlog):
+            return False
+        return min(f[j] for j in backlog[1::2]) > max(f[j] for j in backlog[0::2])
+
+    wait_for("fair-share factors that tell the projects apart", heavy_ahead)
+    sh(run, "scancel", blocker)
+    wait_for("backlog done", lambda: finished(run, backlog))
+    rows = sorted(sacct_rows(run, backlog), key=lambda r: (r[3], int(r[0])))
+    assert [r[1] for r in rows] == ["heavy", "heavy", "light", "light"], rows
