@@ -280,3 +280,17 @@ def test_names_are_one_namespace_and_removal_order(api: Any) -> None:
     _ok(api.delete("/api/v1/projects/p1"))
     _ok(api.delete("/api/v1/departments/d1"))
     assert api.get("/api/v1/departments/d1").status_code == 404
+
+
+def test_removing_a_user_removes_their_bindings(api: Any) -> None:
+    _ok(api.post("/api/v1/departments", json={"name": "d1", "gpu_quota": 4}), 201)
+    _ok(api.post("/api/v1/projects", json={"name": "p1", "department": "d1", "deserved_gpus": 1}), 201)
+    _ok(api.post("/api/v1/users", json={"name": "zed", "role": "user"}), 201)
+    _ok(api.post("/api/v1/projects/p1/members", json={"user": "zed"}), 201)
+    _ok(api.post("/api/v1/departments/d1/admins", json={"user": "zed"}), 201)
+    r = api.post("/api/v1/projects/p1/members", json={"user": "zed"})
+    assert r.status_code == 409 and "zed" in r.json()["message"], r.text
+    assert api.post("/api/v1/projects/p1/members", json={"user": "ghost"}).status_code == 404
+    _ok(api.delete("/api/v1/users/zed"))
+    assert _ok(api.get("/api/v1/projects/p1/members")) == []
+    assert _ok(api.get("/api/v1/departments/d1"))["admins"] == []
