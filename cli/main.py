@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import agent, category, health, image, lab, node, op, power, pxe, token, user, wlm
+from cli import agent, category, health, image, lab, node, op, power, pxe, tenancy, token, user, wlm
 from cli.client import CliError
 from cli.common import TokenOpt, UrlOpt, configure
 from cli.render import err
@@ -30,6 +30,9 @@ app.add_typer(wlm.app, name="wlm")
 app.add_typer(power.app, name="power")
 app.add_typer(image.app, name="image")
 app.add_typer(pxe.app, name="pxe")
+app.add_typer(tenancy.dept_app, name="dept")
+app.add_typer(tenancy.project_app, name="project")
+app.add_typer(tenancy.tenancy_app, name="tenancy")
 node.app.command("token")(agent.node_token)
 
 

@@ -22,7 +22,7 @@ from bcm.api import metrics, responses
 from bcm.api.boot import agent as boot_agent
 from bcm.api.limits import AuthFailures, BodyLimits
 from bcm.api.responses import ERRORS
-from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tokens, wlm
+from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tenancy, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
 
@@ -157,6 +157,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images, discovered, pxe):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
+    for tenancy_router in (tenancy.departments, tenancy.projects, tenancy.router):
+        app.include_router(tenancy_router, prefix="/api/v1", responses=ERRORS)
     app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(metrics.router, responses=ERRORS)  # GET /metrics (viewer+)
     app.include_router(boot_images.router, responses=ERRORS)  # GET /boot/v1/images/… (no token, no secrets)

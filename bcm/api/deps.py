@@ -108,6 +108,7 @@ def require(role: Role) -> Callable[..., ApiToken]:
     return _check
 
 
+Caller = Annotated[ApiToken, Depends(require(Role.USER))]  # any person; tenancy routes check scope themselves
 Viewer = Annotated[ApiToken, Depends(require(Role.VIEWER))]
 Operator = Annotated[ApiToken, Depends(require(Role.OPERATOR))]
 Admin = Annotated[ApiToken, Depends(require(Role.ADMIN))]

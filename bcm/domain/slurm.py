@@ -46,6 +46,7 @@ class SlurmSettings(BaseModel):
     storage_loc: str = Field(default="slurm_acct_db", pattern=r"^[A-Za-z0-9_]{1,64}$")
     default_partition: str = Field(default="all", pattern=r"^[a-z][a-z0-9_-]{0,62}$")
     max_time: str = Field(default="INFINITE", pattern=r"^(INFINITE|[0-9:-]+)$")
+    priority_calc_period: int = Field(default=5, ge=1, le=1440)  # minutes between fair-share recalculations
 
     @field_validator("gpu_device_dir")
     @classmethod

@@ -9,12 +9,15 @@ from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
 from bcm.models.pxe import BootToken, PxeConfig
+from bcm.models.tenancy import Department, DepartmentAdmin, Project, ProjectMember
 from bcm.models.wlm import WlmCluster
 
 __all__ = [
     "ApiToken",
     "BootToken",
     "Category",
+    "Department",
+    "DepartmentAdmin",
     "Event",
     "Gpu",
     "GpuHealth",
@@ -28,6 +31,8 @@ __all__ = [
     "OpState",
     "PxeConfig",
     "Operation",
+    "Project",
+    "ProjectMember",
     "Role",
     "User",
     "WlmCluster",

@@ -16,11 +16,12 @@ class Role(StrEnum):
     ADMIN = "admin"
     OPERATOR = "operator"
     VIEWER = "viewer"
+    USER = "user"  # no system-wide rights: only what department-admin / project-member bindings give
     NODE = "node"  # an agent's token: may write only its own node's data
 
     @property
     def rank(self) -> int:
-        return {"node": 0, "viewer": 1, "operator": 2, "admin": 3}[self.value]
+        return {"node": 0, "user": 1, "viewer": 2, "operator": 3, "admin": 4}[self.value]
 
 
 class User(SQLModel, table=True):

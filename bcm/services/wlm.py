@@ -38,7 +38,7 @@ from bcm.models.wlm import (
     WlmRole,
     WlmState,
 )
-from bcm.services import events
+from bcm.services import events, tenancy
 from bcm.services import nodes as node_svc
 from bcm.services.render import render
 
@@ -278,6 +278,7 @@ def build_plan(session: Session, state_dir: Path, name: str) -> wlm.DeployPlan:
         _host(controller, addrs, gpus.get(controller.id or 0, []), cats),
         [_host(m, addrs, gpus.get(m.id or 0, []), cats) for m in nodes],
         row.settings or {},
+        tenancy.has_accounts(session),
     )
     plan = wlm.get(row.kind).plan(spec, secrets_dir(state_dir, name), render)
     row.munge_key_sha256 = plan.fingerprint

@@ -7,7 +7,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-TABLES = ("node", "interface", "category", "gpu", "operation", "image", "imageartifact")
+TABLES = (
+    "node", "interface", "category", "gpu", "operation", "image", "imageartifact",
+    "department", "project", "project_member",
+)  # fmt: skip
 
 CASES: list[tuple[str, str, str, Any, int, str | None]] = [
     # id, method, path, body, status, field named in the answer
@@ -97,6 +100,21 @@ CASES: list[tuple[str, str, str, Any, int, str | None]] = [
     ("push-bad-hostlist", "POST", "/api/v1/images/base/push", {"nodes": "keep[1-"}, 422, "nodes"),
     ("push-unknown-field", "POST", "/api/v1/images/base/push", {"nodes": "keep1", "force": True}, 422, "force"),
     ("push-unknown-image", "POST", "/api/v1/images/nope/push", {"nodes": "keep1"}, 404, None),
+    ("dept-bad-name", "POST", "/api/v1/departments", {"name": "Bad_D", "gpu_quota": 1}, 422, "name"),
+    ("dept-reserved-name", "POST", "/api/v1/departments", {"name": "root", "gpu_quota": 1}, 422, "name"),
+    ("dept-negative-quota", "POST", "/api/v1/departments", {"name": "d9", "gpu_quota": -1}, 422, "gpu_quota"),
+    ("dept-quota-overflow", "POST", "/api/v1/departments", {"name": "d9", "gpu_quota": 2**31}, 422, "gpu_quota"),
+    ("dept-patch-zero-share", "PATCH", "/api/v1/departments/nope", {"fairshare": 0}, 422, "fairshare"),
+    ("project-unknown-dept", "POST", "/api/v1/projects", {"name": "p9", "department": "nope", "deserved_gpus": 1}, 404, None),
+    (
+        "project-zero-share",
+        "POST",
+        "/api/v1/projects",
+        {"name": "p9", "department": "nope", "deserved_gpus": 1, "fairshare": 0},
+        422,
+        "fairshare",
+    ),
+    ("member-bad-user", "POST", "/api/v1/projects/nope/members", {"user": "Bad User"}, 422, "user"),
 ]
 
 

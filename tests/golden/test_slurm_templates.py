@@ -53,11 +53,15 @@ def _production():
     return build_cluster("prod", "head01", "198.18.0.1", nodes, settings), "s3cret-pass"
 
 
-def _lab():
-    nodes = [
+def _lab_inputs() -> list[NodeInput]:
+    return [
         NodeInput(f"node{i:02d}", f"198.18.0.{10 + i}", _facts(1, 2, 2, 24), [(0, H100), (1, H100)], None)
         for i in (2, 3, 4)
     ]
+
+
+def _lab(*, tenancy: bool = False):
+    nodes = _lab_inputs()
     settings = SlurmSettings(
         proctrack_type="proctrack/linuxproc",
         task_plugin="task/none",
@@ -68,7 +72,13 @@ def _lab():
         storage_user="bcm_lab",
         storage_loc="bcm_lab_acct",
     )
+    settings = slurm.effective_settings(settings, tenancy=tenancy)
     return build_cluster("lab", "node01", None, nodes, settings), ""
+
+
+def _lab_tenancy():
+    """The lab once departments exist: accounting enforced, nothing else changed."""
+    return _lab(tenancy=True)
 
 
 def _nvml():
@@ -76,7 +86,7 @@ def _nvml():
     return build_cluster("nv", "head01", None, nodes, SlurmSettings(gres_autodetect="nvml")), ""
 
 
-CASES = {"production": _production, "lab": _lab, "nvml": _nvml}
+CASES = {"production": _production, "lab": _lab, "lab_tenancy": _lab_tenancy, "nvml": _nvml}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -102,3 +112,20 @@ def test_password_appears_only_in_slurmdbd_conf() -> None:
 def test_no_password_line_without_a_password() -> None:
     cluster, _ = _lab()
     assert "StoragePass" not in render_slurm_files(cluster, "")["slurmdbd.conf"]
+
+
+def test_accounting_enforced_only_once_departments_exist() -> None:
+    plain = render_slurm_files(_lab()[0], "")["slurm.conf"]
+    tenancy = render_slurm_files(_lab_tenancy()[0], "")["slurm.conf"]
+    assert "AccountingStorageEnforce" not in plain
+    assert "AccountingStorageEnforce=associations,limits,qos\n" in tenancy
+    # a value stored with the cluster wins over bcm's default
+    kept = slurm.effective_settings(SlurmSettings(accounting_enforce="associations"), tenancy=True)
+    assert kept.accounting_enforce == "associations"
+
+
+def test_priority_calc_period_only_when_not_slurms_default() -> None:
+    cluster, _ = _lab()
+    assert "PriorityCalcPeriod" not in render_slurm_files(cluster, "")["slurm.conf"]
+    fast = build_cluster("lab", "node01", None, list(_lab_inputs()), SlurmSettings(priority_calc_period=1))
+    assert "\nPriorityCalcPeriod=1\n" in render_slurm_files(fast, "")["slurm.conf"]

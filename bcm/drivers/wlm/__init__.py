@@ -9,10 +9,14 @@ from __future__ import annotations
 from functools import cache
 
 from bcm.drivers.wlm.base import (
+    AccountSpec,
+    AccountUsage,
     AnsibleAccess,
     ClusterSpec,
     DeployPlan,
     Render,
+    TenancyChange,
+    TenancyPlan,
     VerifyResult,
     WlmHost,
     WlmNodeState,
@@ -22,10 +26,14 @@ from bcm.errors import InvalidInput
 from bcm.models.wlm import WlmKind
 
 __all__ = [
+    "AccountSpec",
+    "AccountUsage",
     "AnsibleAccess",
     "ClusterSpec",
     "DeployPlan",
     "Render",
+    "TenancyChange",
+    "TenancyPlan",
     "VerifyResult",
     "WlmHost",
     "WlmNodeState",

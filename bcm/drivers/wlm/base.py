@@ -15,6 +15,11 @@ Contract of :class:`WorkloadManager`:
   DriverError naming the controller and the reason.
 - ``verify`` is all or nothing: one job step on every named node, each given one GPU; its
   :class:`VerifyResult` says which nodes ran and what they saw.
+- Tenancy: ``tenancy_plan`` compares the accounts the model wants (:class:`AccountSpec`, departments
+  with no parent, projects under them) with what the workload manager holds, and lists the changes
+  (hand edits there show as ``drift``); it changes nothing. ``tenancy_apply`` makes the members'
+  Unix users where jobs need them, runs the plan's changes in order, and returns the plan it ran;
+  applying again right after finds nothing to change. Only accounts bcm made are ever touched.
 - Node states are the workload manager's own words, lower case (Slurm: ``idle``, ``drained``,
   ``idle*`` …); only the predicates here interpret them (``is_responding``, ``is_drained``,
   ``drained_by_bcm``), so callers never parse them.
@@ -62,6 +67,7 @@ class ClusterSpec:
     controller: WlmHost
     members: list[WlmHost]
     settings: dict[str, Any]
+    tenancy: bool = False  # departments exist: the workload manager enforces their accounts and limits
 
 
 @dataclass
@@ -95,6 +101,51 @@ class VerifyResult:
     nodes: dict[str, str] = field(default_factory=dict)  # node -> CUDA_VISIBLE_DEVICES seen by the step
     alloc_tres: str | None = None  # what accounting says the job was given (``gres/gpu=N`` …)
     output: str = ""
+
+
+@dataclass(frozen=True)
+class AccountSpec:
+    """One account of the tenancy tree: a department (``parent`` None) or a project under one."""
+
+    name: str
+    parent: str | None
+    fairshare: int
+    gpu_limit: int | None  # projects: the most GPUs their jobs may hold at once
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TenancyChange:
+    """One step towards the model: ``add``/``modify``/``remove`` of an ``account`` or ``user`` association."""
+
+    action: str
+    kind: str
+    name: str
+    detail: str  # what changes, "have -> want" for a modification
+    command: str  # what the workload manager is told, as one shell line
+    drift: bool = False  # the workload manager's state was changed outside bcm
+
+
+@dataclass
+class TenancyPlan:
+    cluster: str
+    changes: list[TenancyChange] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what bcm cannot change here (a redeploy needed …)
+    applied: bool = False
+
+
+@dataclass(frozen=True)
+class AccountUsage:
+    """One account as the workload manager reports it now."""
+
+    account: str
+    raw_shares: int | None = None
+    norm_shares: float | None = None
+    raw_usage: int | None = None
+    effective_usage: float | None = None
+    fairshare: float | None = None
+    gpus_running: int = 0
+    gpus_pending: int = 0
 
 
 class WorkloadManager(Protocol):
@@ -145,6 +196,39 @@ class WorkloadManager(Protocol):
         self, ssh: SshClient, controller: Target, names: list[str], timeout_s: float = 30
     ) -> None:
         """Schedule on the nodes again."""
+        ...
+
+    async def tenancy_plan(
+        self,
+        ssh: SshClient,
+        controller: Target,
+        cluster: str,
+        accounts: list[AccountSpec],
+        timeout_s: float = 30,
+        previous: list[AccountSpec] | None = None,
+    ) -> TenancyPlan:
+        """The changes that would make the workload manager hold ``accounts`` (see the module docstring)."""
+        ...
+
+    async def tenancy_apply(
+        self,
+        ssh: SshClient,
+        controller: Target,
+        nodes: list[Target],
+        cluster: str,
+        accounts: list[AccountSpec],
+        timeout_s: float = 60,
+        previous: list[AccountSpec] | None = None,
+        uids: Mapping[str, int] | None = None,
+    ) -> TenancyPlan:
+        """Make the members' users on ``nodes`` (the controller among them, ``uids`` the same on every
+        node), then run the plan; ``previous`` is what bcm applied last (drift is measured against it)."""
+        ...
+
+    async def usage(
+        self, ssh: SshClient, controller: Target, accounts: list[str], timeout_s: float = 30
+    ) -> dict[str, AccountUsage]:
+        """Fair share and GPUs held or wanted now, per named account."""
         ...
 
     def drain_reason(self, reason: str | None) -> str:

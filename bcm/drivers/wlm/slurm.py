@@ -22,11 +22,15 @@ from bcm.domain.slurm import NodeInput, SlurmCluster, SlurmSettings, build_clust
 from bcm.drivers import ansible
 from bcm.drivers.ansible import AnsibleHost, PlaybookResult
 from bcm.drivers.ssh import HostResult, HostStatus, SshClient, Target
+from bcm.drivers.wlm import slurm_accounts as accts
 from bcm.drivers.wlm.base import (
+    AccountSpec,
+    AccountUsage,
     AnsibleAccess,
     ClusterSpec,
     DeployPlan,
     Render,
+    TenancyPlan,
     VerifyResult,
     WlmNodeState,
     write_private,
@@ -51,6 +55,14 @@ def render_files(cluster: SlurmCluster, storage_pass: str, render: Render) -> di
         extra = {"storage_pass": storage_pass} if name == "slurmdbd.conf" else {}
         out[name] = render(f"slurm/etc/slurm/{name}.j2", cluster=cluster, s=cluster.settings, **extra)
     return out
+
+
+def effective_settings(settings: SlurmSettings, *, tenancy: bool) -> SlurmSettings:
+    """The stored knobs, with accounting enforced once bcm's departments are Slurm accounts (a job then
+    needs an association, and GrpTRES holds); a value stored by hand wins."""
+    if tenancy and not settings.accounting_enforce:
+        return settings.model_copy(update={"accounting_enforce": accts.ENFORCE})
+    return settings
 
 
 def ensure_munge_key(secrets_dir: Path) -> tuple[Path, str]:
@@ -105,6 +117,48 @@ async def sacct_tres(ssh: SshClient, controller: Target, job_id: str) -> str | N
     return await _alloc_tres(ssh, controller, job_id)
 
 
+def _num(text: str, kind: type[int] | type[float]) -> float | int | None:
+    try:
+        return kind(text.strip())
+    except ValueError:
+        return None
+
+
+_GPUS = re.compile(r"gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
+
+
+def parse_usage(accounts: list[str], sshare_out: str, squeue_out: str) -> dict[str, AccountUsage]:
+    """Per account: sshare's own row (no user) and the GPUs its jobs hold or wait for."""
+    rows: dict[str, dict[str, object]] = {a: {} for a in accounts}
+    for line in sshare_out.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) < 7 or parts[1] or parts[0] not in rows:
+            continue
+        rows[parts[0]] = {
+            "raw_shares": _num(parts[2], int),
+            "norm_shares": _num(parts[3], float),
+            "raw_usage": _num(parts[4], int),
+            "effective_usage": _num(parts[5], float),
+            "fairshare": _num(parts[6], float),
+        }
+    running = dict.fromkeys(accounts, 0)
+    pending = dict.fromkeys(accounts, 0)
+    for line in squeue_out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 4 or parts[0] not in running:
+            continue
+        per_node = sum(int(n) for n in _GPUS.findall(parts[3]))
+        gpus = per_node * (int(parts[2]) if parts[2].isdigit() else 1)
+        if parts[1] == "RUNNING":
+            running[parts[0]] += gpus
+        elif parts[1] == "PENDING":
+            pending[parts[0]] += gpus
+    return {
+        a: AccountUsage(a, gpus_running=running[a], gpus_pending=pending[a], **rows[a])  # type: ignore[arg-type]
+        for a in accounts
+    }
+
+
 # ---- the interface ------------------------------------------------------------------------------------
 
 
@@ -120,7 +174,7 @@ class Slurm:
         kept 0600 beside them; the controller runs slurmctld and slurmdbd, the members slurmd."""
         ctl = spec.controller
         inputs = [NodeInput(m.name, m.address, m.facts, m.gpus, m.category) for m in spec.members]
-        settings = SlurmSettings.model_validate(spec.settings)
+        settings = effective_settings(SlurmSettings.model_validate(spec.settings), tenancy=spec.tenancy)
         config = build_cluster(spec.name, ctl.name, ctl.address, inputs, settings)
         files = render_files(config, storage_pass(secrets_dir), render)
         key_path, fingerprint = ensure_munge_key(secrets_dir)
@@ -285,6 +339,115 @@ class Slurm:
             return
         cmd = shlex.join(["scontrol", "update", f"NodeName={fold_hostlist(names)}", "State=RESUME"])
         _ok(await ssh.run_one(controller, cmd, command_timeout=timeout_s), "scontrol resume")
+
+    async def _holdings(
+        self, ssh: SshClient, controller: Target, cluster: str, timeout_s: float
+    ) -> accts.Holdings:
+        outs = []
+        for what, argv in (
+            ("sacctmgr show account", accts.ACCOUNT_QUERY),
+            ("sacctmgr show assoc", accts.assoc_query(cluster)),
+            ("sacctmgr show user", accts.USER_QUERY),
+        ):
+            outs.append(_ok(await ssh.run_one(controller, shlex.join(argv), command_timeout=timeout_s), what))
+        return accts.parse(*outs)
+
+    async def tenancy_plan(
+        self,
+        ssh: SshClient,
+        controller: Target,
+        cluster: str,
+        accounts: list[AccountSpec],
+        timeout_s: float = 30,
+        previous: list[AccountSpec] | None = None,
+    ) -> TenancyPlan:
+        """sacctmgr's associations on the cluster against the model; drift against ``previous``."""
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", cluster):
+            raise InvalidInput(f"cluster: {cluster!r} is not a Slurm cluster name", field="cluster")
+        have = await self._holdings(ssh, controller, cluster, timeout_s)
+        changes, notes = accts.diff(cluster, accounts, have, previous or ())
+        if accounts:
+            config = _ok(
+                await ssh.run_one(controller, "scontrol show config", command_timeout=timeout_s), "scontrol"
+            )
+            if not accts.enforcing(config):
+                notes.append(
+                    f"slurmctld does not enforce AccountingStorageEnforce={accts.ENFORCE} yet: limits take"
+                    " effect after `bcm wlm deploy slurm` renders it into slurm.conf"
+                )
+        return TenancyPlan(cluster, changes, notes)
+
+    async def tenancy_apply(
+        self,
+        ssh: SshClient,
+        controller: Target,
+        nodes: list[Target],
+        cluster: str,
+        accounts: list[AccountSpec],
+        timeout_s: float = 60,
+        previous: list[AccountSpec] | None = None,
+        uids: Mapping[str, int] | None = None,
+    ) -> TenancyPlan:
+        """Unix users on every node (same uid everywhere), then the plan's sacctmgr commands in order."""
+        users = sorted({u for a in accounts for u in a.users})
+        if users:
+            await self._ensure_users(ssh, nodes, users, uids or {}, timeout_s)
+        plan = await self.tenancy_plan(ssh, controller, cluster, accounts, timeout_s, previous)
+        for change in plan.changes:
+            what = f"sacctmgr {change.action} {change.kind} {change.name}"
+            _ok(await ssh.run_one(controller, change.command, command_timeout=timeout_s), what)
+        plan.applied = True
+        return plan
+
+    async def _ensure_users(
+        self, ssh: SshClient, nodes: list[Target], users: list[str], uids: Mapping[str, int], timeout_s: float
+    ) -> None:
+        lines = []
+        for user in users:
+            if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", user):
+                raise InvalidInput(f"user: {user!r} cannot be a Unix user", field="user")
+            uid = uids.get(user)
+            ids = ["-u", str(uid)] if uid else []
+            group = f"groupadd {'-g ' + str(uid) + ' ' if uid else ''}{user}"
+            add = shlex.join(
+                ["useradd", "-M", *ids, "-g", user, "-s", "/bin/bash", "-d", f"/home/{user}", user]
+            )
+            lines.append(f"getent group {user} >/dev/null || {group}")
+            lines.append(f"getent passwd {user} >/dev/null || {add}")
+        cmd = "set -e; " + "; ".join(lines)
+        results = await ssh.run_many(nodes, cmd, command_timeout=timeout_s)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            r = failed[0]
+            detail = (r.stderr.strip().splitlines() or [r.error or r.status.value])[-1][:300]
+            cls = (
+                RetryableDriverError
+                if r.status in (HostStatus.UNREACHABLE, HostStatus.TIMED_OUT)
+                else DriverError
+            )
+            raise cls(f"creating users on {fold_hostlist([x.name for x in failed])} failed: {detail}")
+
+    async def usage(
+        self, ssh: SshClient, controller: Target, accounts: list[str], timeout_s: float = 30
+    ) -> dict[str, AccountUsage]:
+        """sshare's fair-share figures and squeue's GPUs (running, pending) per account."""
+        if not accounts:
+            return {}
+        names = ",".join(accounts)
+        share_cmd = shlex.join(
+            [
+                "sshare",
+                "-nP",
+                "-A",
+                names,
+                "-o",
+                "Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare",
+            ]
+        )
+        shares = _ok(await ssh.run_one(controller, share_cmd, command_timeout=timeout_s), "sshare")
+        queue_cmd = shlex.join(["squeue", "-h", "-A", names, "-o", "%a|%T|%D|%b"])
+        queue = _ok(await ssh.run_one(controller, queue_cmd, command_timeout=timeout_s), "squeue")
+        return parse_usage(accounts, shares, queue)
 
     def drain_reason(self, reason: str | None) -> str:
         return clean_reason(reason)

@@ -1,0 +1,116 @@
+"""Tenancy on the running workload manager: plan (a diff, nothing changed), apply (idempotent), usage.
+
+Each asks the cluster's :class:`~bcm.drivers.wlm.WorkloadManager` by its kind; the database is read
+in short transactions, never held across SSH.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import anyio
+from sqlalchemy.engine import Engine
+
+from bcm.db import session_scope
+from bcm.drivers import wlm
+from bcm.drivers.ssh import SshClient, Target
+from bcm.services import events
+from bcm.services import tenancy as svc
+from bcm.services import wlm as wlm_svc
+from bcm.settings import Settings
+
+
+def _load(engine: Engine, settings: Settings, cluster: str | None) -> dict[str, Any]:
+    with session_scope(engine) as s:
+        row = wlm_svc.pick(s, cluster)
+        ctl, addr, key = wlm_svc.controller_target(s, row)
+        port = settings.ssh.port
+        targets = [Target(ctl, addr, port, key)]
+        for node in wlm_svc.members(s, row):
+            if node.name == ctl:
+                continue
+            ip = wlm_svc._addresses(s, [node])[node.name]
+            if ip:
+                targets.append(Target(node.name, ip, port, node.ssh_host_key))
+        accounts = svc.accounts(s)
+        users = sorted({u for a in accounts for u in a.users})
+        return {
+            "cluster": row.name,
+            "kind": row.kind,
+            "controller": targets[0],
+            "nodes": targets,
+            "accounts": accounts,
+            "uids": svc.unix_ids(s, users),
+        }
+
+
+def _public(plan: wlm.TenancyPlan) -> dict[str, Any]:
+    return {
+        "cluster": plan.cluster,
+        "applied": plan.applied,
+        "changes": [asdict(c) for c in plan.changes],
+        "drift": sum(1 for c in plan.changes if c.drift),
+        "notes": plan.notes,
+    }
+
+
+async def plan(engine: Engine, settings: Settings, cluster: str | None) -> dict[str, Any]:
+    got = await anyio.to_thread.run_sync(_load, engine, settings, cluster)
+    manager = wlm.get(got["kind"])
+    previous = svc.previous(settings.state_dir, got["cluster"])
+    result = await manager.tenancy_plan(
+        SshClient.from_settings(settings),
+        got["controller"],
+        got["cluster"],
+        got["accounts"],
+        previous=previous,
+    )
+    return _public(result)
+
+
+async def apply(engine: Engine, settings: Settings, cluster: str | None, actor: str) -> dict[str, Any]:
+    got = await anyio.to_thread.run_sync(_load, engine, settings, cluster)
+    manager = wlm.get(got["kind"])
+    previous = svc.previous(settings.state_dir, got["cluster"])
+    result = await manager.tenancy_apply(
+        SshClient.from_settings(settings),
+        got["controller"],
+        got["nodes"],
+        got["cluster"],
+        got["accounts"],
+        previous=previous,
+        uids=got["uids"],
+    )
+    svc.remember(settings.state_dir, got["cluster"], got["accounts"])
+
+    def record() -> None:
+        with session_scope(engine) as s:
+            drift = sum(1 for c in result.changes if c.drift)
+            events.record(
+                s, actor, "tenancy.applied", got["cluster"], f"{len(result.changes)} changes ({drift} drift)"
+            )
+
+    await anyio.to_thread.run_sync(record)
+    return _public(result)
+
+
+async def usage(engine: Engine, settings: Settings, project: str) -> dict[str, Any] | None:
+    """The workload manager's figures for one project; None when no cluster is there to ask."""
+
+    def load() -> dict[str, Any] | None:
+        with session_scope(engine) as s:
+            clusters = wlm_svc.query(s)
+            if len(clusters) != 1 or clusters[0].state not in ("deployed", "partial"):
+                return None
+        return _load(engine, settings, None)
+
+    got = await anyio.to_thread.run_sync(load)
+    if got is None:
+        return None
+    figures = await wlm.get(got["kind"]).usage(
+        SshClient.from_settings(settings), got["controller"], [project]
+    )
+    found = figures.get(project)
+    return {"cluster": got["cluster"], **asdict(found)} if found else None
+
