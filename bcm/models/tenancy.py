@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import field_validator
+from pydantic import ConfigDict, field_validator
 from sqlalchemy import UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -89,6 +89,8 @@ class DepartmentAdmin(SQLModel, table=True):
 
 
 class DepartmentCreate(SQLModel):
+    model_config = ConfigDict(strict=True)  # type: ignore[assignment]  # true is not 1: counts are integers
+
     name: str = Field(max_length=NAME_MAX)
     gpu_quota: int = Field(ge=0, le=INT32_MAX)
     fairshare: int = Field(default=1, ge=1, le=INT32_MAX)
@@ -101,6 +103,8 @@ class DepartmentCreate(SQLModel):
 
 
 class DepartmentUpdate(SQLModel):
+    model_config = ConfigDict(strict=True)  # type: ignore[assignment]  # true is not 1: counts are integers
+
     gpu_quota: int | None = Field(default=None, ge=0, le=INT32_MAX)
     fairshare: int | None = Field(default=None, ge=1, le=INT32_MAX)
     description: str | None = Field(default=None, max_length=200)
@@ -119,6 +123,8 @@ class DepartmentPublic(SQLModel):
 
 
 class ProjectCreate(SQLModel):
+    model_config = ConfigDict(strict=True)  # type: ignore[assignment]  # true is not 1: counts are integers
+
     name: str = Field(max_length=NAME_MAX)
     department: str = Field(max_length=NAME_MAX)
     deserved_gpus: int = Field(ge=0, le=INT32_MAX)
@@ -138,6 +144,8 @@ class ProjectCreate(SQLModel):
 
 
 class ProjectUpdate(SQLModel):
+    model_config = ConfigDict(strict=True)  # type: ignore[assignment]  # true is not 1: counts are integers
+
     department: str | None = Field(default=None, max_length=NAME_MAX)
     deserved_gpus: int | None = Field(default=None, ge=0, le=INT32_MAX)
     limit_gpus: int | None = Field(default=None, ge=0, le=INT32_MAX)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, status
 
 from bcm.api.deps import Caller, SessionDep, actor
+from bcm.api.params import text_query
 from bcm.domain.tenancy import Action
 from bcm.models.auth import ApiToken
 from bcm.models.tenancy import (
@@ -235,7 +236,7 @@ async def plan(
     request: Request,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.PLAN))],
-    cluster: str | None = None,
+    cluster: Annotated[str | None, text_query(40, "the cluster (default: the only one)")] = None,
 ) -> dict[str, Any]:
     svc.authorize(session, token, Action.PLAN, None)
     session.commit()
@@ -247,7 +248,7 @@ async def apply(
     request: Request,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.APPLY))],
-    cluster: str | None = None,
+    cluster: Annotated[str | None, text_query(40, "the cluster (default: the only one)")] = None,
 ) -> dict[str, Any]:
     svc.authorize(session, token, Action.APPLY, None)
     session.commit()
