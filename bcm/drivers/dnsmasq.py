@@ -254,9 +254,8 @@ class Supervisor:
     async def _watch(self) -> None:
         backoff = BACKOFF_MIN_S
         while not self._stopping:
-            assert self.proc is not None
             started = asyncio.get_running_loop().time()
-            rc = await self.proc.wait()
+            rc = await self.proc.wait() if self.proc is not None else None
             if self._stopping:
                 return
             ran = asyncio.get_running_loop().time() - started
@@ -268,9 +267,9 @@ class Supervisor:
             try:
                 await self._spawn()
                 self.restarts += 1
-            except Exception as exc:  # not installed any more …: try again after the back-off
+            except Exception as exc:  # not installed any more …: try again after the next back-off
                 log.error("dnsmasq did not start: %s", exc)
-                self.proc = await asyncio.create_subprocess_exec("true")
+                self.proc = None
 
     async def sync(self) -> None:
         """Host files from the database; SIGHUP when one was removed (dnsmasq reads new ones itself)."""

@@ -241,6 +241,16 @@ def to_public(image: Image) -> ImagePublic:
     )
 
 
+def artifact_problem(images_dir: Path, image: Image, a: ImageArtifact) -> tuple[Path, str | None]:
+    """The artifact's file, and what is wrong with it: ``missing`` or ``size`` (not what was published)."""
+    path = version_dir(images_dir, image.name, image.version) / a.filename
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return path, "missing"
+    return path, (None if size == a.size else "size")
+
+
 def artifact_url(image: Image, a: ImageArtifact) -> str:
     return f"/boot/v1/images/{image.name}/{image.version}/{a.filename}"
 

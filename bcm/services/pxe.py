@@ -158,17 +158,14 @@ def discovery_image(session: Session, settings: Settings) -> Image | None:
 def _artifact_urls(session: Session, settings: Settings, image: Image) -> dict[str, ImageArtifact]:
     """kernel, initramfs and rootfs of a version, each present on disk at its published size."""
     found = {a.kind: a for a in image_svc.artifacts(session, image)}
-    base = image_svc.version_dir(settings.images_dir, image.name, image.version)
     for kind in ("kernel", "initramfs", "rootfs"):
         a = found.get(kind)
         if a is None:
             raise NotFound(f"image {image.name}:{image.version} has no {kind}")
-        path = base / a.filename
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise NotFound(f"image {image.name}:{image.version}: {a.filename} is missing on the server") from None
-        if size != a.size:
+        _, problem = image_svc.artifact_problem(settings.images_dir, image, a)
+        if problem == "missing":
+            raise NotFound(f"image {image.name}:{image.version}: {a.filename} is missing on the server")
+        if problem == "size":
             raise NotFound(f"image {image.name}:{image.version}: {a.filename} is not the size recorded at publish")
     return found
 

@@ -278,7 +278,6 @@ def test_deadline_expired_token_and_queue_limit(
         n1 = s.exec(select(Node).where(Node.name == "gpu01")).one()
         n1.provision_deadline = utcnow()
         for t in s.exec(select(BootToken).where(BootToken.node_id == n1.id)):
-            assert t.expires_at == n1.provision_deadline or t.expires_at > utcnow()
             t.expires_at = n1.provision_deadline
             s.add(t)
         s.add(n1)
@@ -369,7 +368,7 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
     api = restartable()
     body = {"enabled": True, "interface": "bcmt-nowhere0", "address": "198.18.99.1",
             "range_start": "198.18.99.100", "range_end": "198.18.99.150"}  # fmt: skip
-    for field, value in (("range_start", "10.1.2.3"), ("address", "not-an-ip"), ("interface", "a b")):
+    for field, value in (("range_start", "198.19.2.3"), ("address", "not-an-ip"), ("interface", "a b")):
         bad = api.put("/api/v1/pxe", json={**body, field: value})
         assert bad.status_code == 422 and bad.json()["field"] == field, bad.text
     assert api.get("/api/v1/pxe").json()["enabled"] is False

@@ -88,7 +88,7 @@ def test_dnsmasq_refuses_what_it_cannot_use(tmp_path: Path) -> None:
     [
         ({"interface": None}, "pxe.interface"),
         ({"address": None}, "pxe.address"),
-        ({"range_start": "10.0.0.5"}, "pxe.range_start"),
+        ({"range_start": "198.19.0.5"}, "pxe.range_start"),  # outside the PXE network, still lab space
         ({"range_end": "198.18.0.1"}, "pxe.range_end"),
         ({"range_start": "198.18.0.200", "range_end": "198.18.0.100"}, "pxe.range_start"),
     ],

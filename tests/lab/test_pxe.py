@@ -91,8 +91,7 @@ def dnsmasq_pid(run: Run) -> int | None:
 
 @pytest.mark.timeout(3 * BOOT_WAIT_S)
 def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_path: Path) -> None:
-    built = run.cli("image", "build", IMAGE, timeout=3600)
-    assert "ready" in built.stdout or built.returncode == 0
+    run.cli("image", "build", IMAGE, timeout=3600)  # exit 0 checked by cli()
     vms = vm.load(run.lab.state_dir)
     by_mac = {v.mac: v for v in vms}
 

@@ -8,7 +8,6 @@ is never sent: a 404 or 500 and an event, so a half-written file is not presente
 from __future__ import annotations
 
 import threading
-from pathlib import Path as FsPath
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
@@ -76,17 +75,15 @@ def _transfers(request: Request) -> Transfers:
 @router.get("/{name}/{version}/{filename}", response_class=Response)
 def artifact(name: Name, version: Version, filename: Filename, request: Request, session: SessionDep) -> Response:
     image, art = svc.find_artifact(session, name, version, filename)
-    path: FsPath = svc.version_dir(request.app.state.settings.images_dir, name, version) / art.filename
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+    path, problem = svc.artifact_problem(request.app.state.settings.images_dir, image, art)
+    if problem == "missing":
         events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}", "file missing",
                       severity="error")  # fmt: skip
         session.commit()
-        raise NotFound(f"image {name} version {version}: {filename} is missing on the server") from None
-    if size != art.size:
+        raise NotFound(f"image {name} version {version}: {filename} is missing on the server")
+    if problem == "size":
         events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}",
-                      f"size {size} != {art.size} recorded at publish", severity="error")  # fmt: skip
+                      f"size {path.stat().st_size} != {art.size} recorded at publish", severity="error")  # fmt: skip
         session.commit()
         raise ArtifactCorrupt(f"image {name} version {version}: {filename} does not match its published size")
     transfers = _transfers(request)
