@@ -12,7 +12,7 @@ from cli.common import JsonOpt, client, follow, print_failure
 from cli.render import emit_json, err, kv, out, table
 
 app = typer.Typer(
-    help="Workload managers: deploy Slurm, show status, run the verification job.", no_args_is_help=True
+    help="Workload managers: deploy Slurm or Kubernetes, show status, run the verification job.", no_args_is_help=True
 )
 deploy_app = typer.Typer(help="Deploy a workload manager.", no_args_is_help=True)
 app.add_typer(deploy_app, name="deploy")
@@ -62,6 +62,54 @@ def deploy_slurm(
     follow(c, started["operation_id"], wait=not no_wait, as_json=as_json, show=_show)
 
 
+@deploy_app.command("kubernetes")
+def deploy_kubernetes(
+    control_plane: Annotated[str, typer.Option(help="node that runs the API server, etcd and Kueue")],
+    nodes: Annotated[str, typer.Option(help="nodes whose kubelets join, a hostlist like gpu[01-16]")],
+    name: Annotated[str, typer.Option(help="cluster name")] = "kubernetes",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="a setting KEY=VALUE (repeatable), e.g. gpu_quota=16 or mode=lab"),
+    ] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="skip the verification job")] = False,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="print the operation id and return")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Render Kubernetes from the database, run the Ansible roles (kubeadm, or the lab's control plane and
+    simulated kubelets), label the nodes from the inventory, set up Kueue, run the verification job."""
+    body: dict[str, Any] = {
+        "name": name,
+        "controller": control_plane,
+        "nodes": nodes,
+        "settings": _settings(set_ or []),
+        "verify": not no_verify,
+    }
+    _lab_kubernetes(body)
+    c = client()
+    started = c.post("/api/v1/wlm/kubernetes/deploy", body)
+    follow(c, started["operation_id"], wait=not no_wait, as_json=as_json, show=_show)
+
+
+LAB_K8S = {"mode": "lab", "pod_subnet": "198.19.64.0/18", "service_subnet": "198.19.128.0/17"}
+
+
+def _lab_kubernetes(body: dict[str, Any]) -> None:
+    """A cluster made only of one lab's nodes runs the lab's control plane and kwok kubelets, on the lab's
+    address space; explicit ``--set`` values win."""
+    from bcm.domain.naming import expand_hostlist
+    from bcm.lab import accounting
+    from cli.lab import lab_state_root
+
+    wanted = {body["controller"], *expand_hostlist(body["nodes"])}
+    root = lab_state_root()
+    for found in sorted(root.glob(f"*/{accounting.SETTINGS_FILE}")) if root.is_dir() else []:
+        lab_nodes = accounting.slurm_defaults(found.parent)[0]
+        if wanted <= set(lab_nodes):
+            body["settings"] = {**LAB_K8S, **body["settings"]}
+            err.print(f"lab {found.parent.name}: lab control plane and kwok kubelets")
+            return
+
+
 def _lab_defaults(body: dict[str, Any]) -> None:
     """A cluster made only of one lab's nodes gets that lab's Slurm settings and accounting database.
 
@@ -99,13 +147,13 @@ def _show(op: dict[str, Any], as_json: bool) -> None:
                 n,
                 r.get("status"),
                 r.get("changed", ""),
-                r.get("slurm_state") or r.get("cuda_visible_devices") or "",
+                r.get("slurm_state") or r.get("kubernetes_state") or r.get("cuda_visible_devices") or "",
                 (r.get("error") or "")[:80],
             )
             for n, r in sorted((op.get("results") or {}).items())
         ]
         table(
-            f"{op['kind']} #{op['id']}: {op['state']}", ["HOST", "STATUS", "CHANGED", "SLURM", "ERROR"], rows
+            f"{op['kind']} #{op['id']}: {op['state']}", ["HOST", "STATUS", "CHANGED", "WLM", "ERROR"], rows
         )
         tail = [
             line
@@ -132,10 +180,10 @@ def _pick(name: str | None) -> str:
 @app.command("status")
 def status(
     name: Name = None,
-    sync: Annotated[bool, typer.Option(help="read node states from Slurm first")] = False,
+    sync: Annotated[bool, typer.Option(help="read node states from the workload manager first")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a cluster, its last verification and each node's Slurm state."""
+    """Show a cluster, its last verification and each node's state in its workload manager."""
     c = client()
     cluster = _pick(name)
     if sync:

@@ -81,6 +81,7 @@ class PlaybookResult:
     output_tail: str = ""
     errors: list[str] = field(default_factory=list)
     task_seconds: dict[str, float] = field(default_factory=dict)  # task name -> slowest host's time
+    notes: list[str] = field(default_factory=list)  # what the workload manager did beside the playbook
 
     def slowest(self, n: int = 5) -> list[tuple[str, float]]:
         return sorted(self.task_seconds.items(), key=lambda kv: -kv[1])[:n]

@@ -16,6 +16,7 @@ from pydantic import SecretStr, field_validator
 from sqlalchemy import Text, UniqueConstraint
 from sqlmodel import Column, Field, SQLModel
 
+from bcm.domain import kubernetes as k8s
 from bcm.domain.naming import check_name
 from bcm.domain.slurm import SlurmSettings, check_cluster_name
 from bcm.models.base import json_column, ts_column, utcnow
@@ -126,6 +127,26 @@ class SlurmDeployRequest(WlmDeployRequest):
         if v is not None and any(c in v.get_secret_value() for c in "\n\r\0"):
             raise ValueError("storage_pass: must be one line")
         return v
+
+
+class KubernetesDeployRequest(WlmDeployRequest):
+    """``bcm wlm deploy kubernetes``: control-plane node (``controller``), member nodes, knobs."""
+
+    name: str = Field(default="kubernetes", max_length=40)
+    settings: k8s.KubernetesSettings = Field(default_factory=k8s.KubernetesSettings)
+
+    def settings_json(self) -> dict[str, Any]:
+        return self.settings.model_dump(mode="json")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return k8s.check_cluster_name(v)
+
+    @field_validator("controller")
+    @classmethod
+    def _controller(cls, v: str) -> str:
+        return check_name(v, "controller")
 
 
 class WlmNodeRequest(SQLModel):

@@ -247,15 +247,16 @@ def plan_deploy(session: Session, kind: str, req: WlmDeployRequest, actor: str) 
 
 
 def _host(
-    node: Node, addrs: dict[str, str | None], gpus: list[tuple[int, str | None]], cats: dict[Any, str]
+    node: Node, addrs: dict[str, str | None], gpus: list[Gpu], cats: dict[Any, str]
 ) -> wlm.WlmHost:
     return wlm.WlmHost(
         node.name,
         addrs[node.name],
         node.ssh_host_key,
         node.facts or {},
-        gpus,
+        [(g.index, g.name) for g in gpus],
         cats.get(node.category_id) if node.category_id is not None else None,
+        {g.index: g.memory_mib for g in gpus if g.memory_mib},
     )
 
 
@@ -269,10 +270,10 @@ def build_plan(session: Session, state_dir: Path, name: str) -> wlm.DeployPlan:
     nodes = members(session, row)
     addrs = _addresses(session, [controller, *nodes])
     cats = {c.id: c.name for c in session.exec(select(Category))}
-    gpus: dict[int, list[tuple[int, str | None]]] = {}
+    gpus: dict[int, list[Gpu]] = {}
     for chunk in _chunks([m.id for m in nodes]):
-        for g in session.exec(select(Gpu).where(col(Gpu.node_id).in_(chunk))):
-            gpus.setdefault(g.node_id, []).append((g.index, g.name))
+        for g in session.exec(select(Gpu).where(col(Gpu.node_id).in_(chunk)).order_by(col(Gpu.index))):
+            gpus.setdefault(g.node_id, []).append(g)
     spec = wlm.ClusterSpec(
         row.name,
         _host(controller, addrs, gpus.get(controller.id or 0, []), cats),
@@ -319,6 +320,12 @@ def record_verify(session: Session, name: str, op_id: int, ok: bool, detail: dic
     row.last_verify = detail
     session.add(row)
     session.flush()
+
+
+def controller(session: Session, row: WlmCluster, state_dir: Path, port: int) -> wlm.Controller:
+    """How drivers reach the cluster's controller: SSH, and the cluster's credentials directory."""
+    name, addr, key = controller_target(session, row)
+    return wlm.Controller(name, addr, port, key, secrets_dir(state_dir, row.name))
 
 
 def controller_target(session: Session, row: WlmCluster) -> tuple[str, str, str | None]:

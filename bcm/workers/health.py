@@ -44,8 +44,7 @@ async def wlm_apply(engine: Engine, settings: Settings, item: svc.PendingAction)
             except Conflict:  # in no deployed workload manager: bcm's node state is all there is
                 return None
             row = wlm_svc.get(s, cluster)
-            ctl, addr, key = wlm_svc.controller_target(s, row)
-            return cluster, row.kind, Target(ctl, addr, settings.ssh.port, key)
+            return cluster, row.kind, wlm_svc.controller(s, row, settings.state_dir, settings.ssh.port)
 
     found = await anyio.to_thread.run_sync(owner)
     if found is None:

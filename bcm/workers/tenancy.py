@@ -24,9 +24,9 @@ from bcm.settings import Settings
 def _load(engine: Engine, settings: Settings, cluster: str | None) -> dict[str, Any]:
     with session_scope(engine) as s:
         row = wlm_svc.pick(s, cluster)
-        ctl, addr, key = wlm_svc.controller_target(s, row)
         port = settings.ssh.port
-        targets = [Target(ctl, addr, port, key)]
+        targets: list[Target] = [wlm_svc.controller(s, row, settings.state_dir, port)]
+        ctl = targets[0].name
         for node in wlm_svc.members(s, row):
             if node.name == ctl:
                 continue

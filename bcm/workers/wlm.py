@@ -49,13 +49,13 @@ def _ssh(settings: Settings) -> SshClient:
     return SshClient.from_settings(settings)
 
 
-def _controller(engine: Engine, name: str, port: int) -> tuple[wlm.WorkloadManager, Target]:
+def _controller(engine: Engine, settings: Settings, name: str) -> tuple[wlm.WorkloadManager, Target]:
     """The cluster's workload manager and how to reach its controller."""
     with session_scope(engine) as s:
         row = svc.get(s, name)
-        ctl, addr, key = svc.controller_target(s, row)
+        target = svc.controller(s, row, settings.state_dir, settings.ssh.port)
         kind = row.kind
-    return wlm.get(kind), Target(ctl, addr, port, key)
+    return wlm.get(kind), target
 
 
 # ---- deploy ----------------------------------------------------------------------------------------
@@ -129,9 +129,9 @@ async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) ->
     manager, p = await anyio.to_thread.run_sync(plan)
     ssh = _ssh(settings)
     ctl_host = next(h for h in p.hosts if h.name == p.controller)
-    probe = await ssh.run_one(
-        Target(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key), "true"
-    )
+    ctl_target = wlm.Controller(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key,
+                                svc.secrets_dir(settings.state_dir, req.name))  # fmt: skip
+    probe = await ssh.run_one(ctl_target, "true")
     if not probe.ok:
         reason = f"controller {p.controller} unreachable: {probe.status.value}: {probe.error}"
         await anyio.to_thread.run_sync(_record_hosts, engine, op_id, req.name, p, {}, reason, actor)
@@ -165,6 +165,7 @@ async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) ->
         f"ansible: {result.status} rc={result.rc} changed={result.changed} in {result.duration_s:.1f}s\n"
     )
     log_text += "".join(f"  {e}\n" for e in result.errors[:50])
+    log_text += "".join(f"{n}\n" for n in result.notes[:200])
     log_text += "slowest tasks: " + ", ".join(f"{t} {d:.1f}s" for t, d in result.slowest()) + "\n"
     if result.rc != 0 and not result.errors:  # the run itself failed (syntax, inventory): show its output
         log_text += result.output_tail[-3000:] + "\n"
@@ -173,7 +174,7 @@ async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) ->
     if error is None and deployed:
         states = await manager.wait_registered(
             ssh,
-            Target(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key),
+            ctl_target,
             deployed,
             timeout_s=REGISTER_TIMEOUT_S,
         )
@@ -275,7 +276,7 @@ async def _verify(runner: Any, op_id: int, name: str, actor: str, *, record_on_o
             return [n.name for n in nodes], bool(with_gpus)
 
     members, gpus = await anyio.to_thread.run_sync(load)
-    manager, target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
+    manager, target = await anyio.to_thread.run_sync(_controller, engine, settings, name)
     try:
         result = await manager.verify(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S, gpus=gpus)
     except DriverError as exc:
@@ -350,7 +351,7 @@ async def _node_action(
     ssh = _ssh(settings)
     out: list[dict[str, Any]] = []
     for cluster, members in by_cluster.items():
-        manager, target = await anyio.to_thread.run_sync(_controller, engine, cluster, settings.ssh.port)
+        manager, target = await anyio.to_thread.run_sync(_controller, engine, settings, cluster)
         if action == "drain":
             await manager.drain(ssh, target, members, reason)
             states = await manager.node_states(ssh, target)
@@ -387,7 +388,7 @@ async def _node_action(
 
 async def sync_cluster(engine: Engine, settings: Settings, name: str) -> dict[str, str]:
     """Copy the workload manager's node states into the database now; returns them."""
-    manager, target = await anyio.to_thread.run_sync(_controller, engine, name, settings.ssh.port)
+    manager, target = await anyio.to_thread.run_sync(_controller, engine, settings, name)
     states = {k: v.state for k, v in (await manager.node_states(_ssh(settings), target)).items()}
     await anyio.to_thread.run_sync(_store_states, engine, name, states)
     return states

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, status
 from bcm.api.deps import Operator, SessionDep, Viewer, actor
 from bcm.domain.naming import expand_hostlist
 from bcm.models.wlm import (
+    KubernetesDeployRequest,
     SlurmDeployRequest,
     WlmClusterDetail,
     WlmClusterPublic,
@@ -26,6 +27,12 @@ router = APIRouter(prefix="/wlm", tags=["wlm"])
 @router.post("/slurm/deploy", response_model=WlmStarted, status_code=status.HTTP_202_ACCEPTED)
 async def deploy_slurm(body: SlurmDeployRequest, request: Request, token: Operator) -> WlmStarted:
     return await jobs.start_deploy(request.app.state.runner, WlmKind.SLURM.value, body, actor(token))
+
+
+@router.post("/kubernetes/deploy", response_model=WlmStarted, status_code=status.HTTP_202_ACCEPTED)
+async def deploy_kubernetes(body: KubernetesDeployRequest, request: Request, token: Operator) -> WlmStarted:
+    """Control plane on ``controller``, kubelets on ``nodes`` (``settings.mode``: kubeadm or lab)."""
+    return await jobs.start_deploy(request.app.state.runner, WlmKind.KUBERNETES.value, body, actor(token))
 
 
 @router.get("", response_model=list[WlmClusterPublic])

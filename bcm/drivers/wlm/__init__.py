@@ -1,6 +1,6 @@
 """Workload managers behind one interface (:class:`WorkloadManager`), looked up by a cluster's kind.
 
-Slurm is :mod:`bcm.drivers.wlm.slurm`; Kubernetes will sit beside it. Nothing outside this package
+Slurm is :mod:`bcm.drivers.wlm.slurm`, Kubernetes :mod:`bcm.drivers.wlm.kubernetes`. Nothing outside this package
 imports an implementation: callers ask :func:`get` for the one their cluster's ``kind`` names.
 """
 
@@ -13,6 +13,7 @@ from bcm.drivers.wlm.base import (
     AccountUsage,
     AnsibleAccess,
     ClusterSpec,
+    Controller,
     DeployPlan,
     Render,
     TenancyChange,
@@ -30,6 +31,7 @@ __all__ = [
     "AccountUsage",
     "AnsibleAccess",
     "ClusterSpec",
+    "Controller",
     "DeployPlan",
     "Render",
     "TenancyChange",
@@ -45,7 +47,7 @@ __all__ = [
 
 def kinds() -> list[str]:
     """The kinds that have an implementation."""
-    return [WlmKind.SLURM.value]
+    return [WlmKind.SLURM.value, WlmKind.KUBERNETES.value]
 
 
 @cache
@@ -55,6 +57,10 @@ def get(kind: str) -> WorkloadManager:
         from bcm.drivers.wlm.slurm import Slurm  # imported here: slurm imports this package's base
 
         return Slurm()
+    if kind == WlmKind.KUBERNETES:
+        from bcm.drivers.wlm.kubernetes import Kubernetes
+
+        return Kubernetes()
     raise InvalidInput(
         f"kind: no workload manager {kind!r} in bcm yet (one of {', '.join(kinds())})", field="kind"
     )

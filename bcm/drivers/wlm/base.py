@@ -57,6 +57,15 @@ class WlmHost:
     facts: dict[str, Any] = field(default_factory=dict)
     gpus: list[tuple[int, str | None]] = field(default_factory=list)  # (index, product name)
     category: str | None = None
+    gpu_memory: dict[int, int] = field(default_factory=dict)  # index -> MiB, where inventoried
+
+
+@dataclass(frozen=True)
+class Controller(Target):
+    """How a driver reaches a cluster's controller: over SSH (the Target), and with the cluster's own
+    credentials where the workload manager has an API of its own (``secrets_dir``, 0700)."""
+
+    secrets_dir: Path | None = None
 
 
 @dataclass(frozen=True)
