@@ -208,13 +208,13 @@ def status(
                 else ("passed" if info["last_verify_ok"] else "FAILED"),
             ),
             ("verify detail", verify.get("message")),
-            ("verify AllocTRES", verify.get("alloc_tres")),
+            ("verify allocation", verify.get("alloc_tres")),
             ("synced at", info.get("synced_at")),
         ],
     )
     table(
         None,
-        ["NODE", "SLURM STATE", "PROVISION STATE", "GPUS"],
+        ["NODE", "WLM STATE", "PROVISION STATE", "GPUS"],
         [(m["name"], m.get("wlm_state"), m["provision_state"], m["gpus"]) for m in info["members"]],
     )
 

@@ -81,6 +81,49 @@ def test_malformed_requests_are_422(wlm_api: Any, bad: dict[str, Any]) -> None:
     assert r.status_code == 422, r.text
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"name": "Bad_Name"},
+        {"settings": {"mode": "kind"}},
+        {"settings": {"version": "1.36"}},
+        {"settings": {"pod_subnet": "10.0.0.0/30"}},
+        {"settings": {"tools_dir": "/opt/../etc"}},
+        {"settings": {"gpu_quota": -1}},
+        {"settings": {"api_port": 70000}},
+        {"settings": {"verify_image": "a b"}},
+        {"settings": {"no_such_setting": 1}},
+    ],
+)
+def test_malformed_kubernetes_requests_are_422_naming_the_field(wlm_api: Any, bad: dict[str, Any]) -> None:
+    r = wlm_api.post("/api/v1/wlm/kubernetes/deploy", json=body(**bad))
+    assert r.status_code == 422, r.text
+    assert next(iter(bad)) in r.text
+    key = next(iter(bad["settings"])) if "settings" in bad else None
+    assert key is None or key in r.text
+
+
+def test_kubernetes_deploy_to_nodes_not_inventoried_is_409(wlm_api: Any, engine: Any) -> None:
+    assert (
+        wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03],head", "ip": "198.18.9.10"}).status_code
+        == 201
+    )
+    inventoried(engine, "head", "gpu01")
+    r = wlm_api.post("/api/v1/wlm/kubernetes/deploy", json=body())
+    assert r.status_code == 409, r.text
+    assert "gpu[02-03]" in r.json()["message"] and "not inventoried" in r.json()["message"]
+    assert wlm_api.get("/api/v1/wlm").json() == []
+
+
+def test_a_slurm_cluster_name_cannot_be_redeployed_as_kubernetes(wlm_api: Any, engine: Any) -> None:
+    assert wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code == 201
+    inventoried(engine, "head", "gpu01")
+    _plan(engine, "lab", "head", "gpu01")
+    inventoried(engine, "head", "gpu01")
+    r = wlm_api.post("/api/v1/wlm/kubernetes/deploy", json=body(name="lab", nodes="gpu01"))
+    assert r.status_code == 409 and "slurm cluster" in r.json()["message"], r.text
+
+
 def test_drain_of_nodes_outside_any_cluster_is_409(wlm_api: Any) -> None:
     assert wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01"}).status_code == 201
     r = wlm_api.post("/api/v1/wlm/actions/drain", json={"nodes": "gpu01", "reason": "x"})

@@ -48,7 +48,7 @@ NODES = [_host("gpu01", "198.18.50.21"), _host("gpu02", "198.18.50.22")]
 
 def _ctx(mode: str, **settings: Any) -> dict[str, Any]:
     s = k8s.KubernetesSettings(mode=mode, **settings)  # type: ignore[arg-type]
-    return {"name": "prod", "cp": CP, "s": s, "bin": kdrv.BIN_DIR, "pki": kdrv.NODE_DIR,
+    return {"cluster": "prod", "cp": CP, "s": s, "bin": kdrv.BIN_DIR, "pki": kdrv.NODE_DIR,
             "data": kdrv.DATA_DIR, "kueue_dir": kdrv.KUEUE_DIR, "kwok_group": "bcm:kwok",
             "token": TOKEN, "ca_hash": CA_HASH, "cp_is_worker": False}  # fmt: skip
 

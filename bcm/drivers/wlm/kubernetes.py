@@ -328,7 +328,7 @@ class Kubernetes:
             return str(path)
 
         members = [m.name for m in spec.members]
-        ctx: dict[str, Any] = {"name": spec.name, "cp": cp, "s": s, "bin": BIN_DIR, "pki": NODE_DIR,
+        ctx: dict[str, Any] = {"cluster": spec.name, "cp": cp, "s": s, "bin": BIN_DIR, "pki": NODE_DIR,
                                "data": DATA_DIR, "kueue_dir": KUEUE_DIR, "kwok_group": pki.KWOK_GROUP,
                                "token": token, "ca_hash": ca_hash, "cp_is_worker": cp.name in members}  # fmt: skip
         cp_files = {
