@@ -82,6 +82,7 @@ class PlaybookResult:
     errors: list[str] = field(default_factory=list)
     task_seconds: dict[str, float] = field(default_factory=dict)  # task name -> slowest host's time
     notes: list[str] = field(default_factory=list)  # what the workload manager did beside the playbook
+    changed_tasks: list[str] = field(default_factory=list)  # "host: task" for each task that changed something
 
     def slowest(self, n: int = 5) -> list[tuple[str, float]]:
         return sorted(self.task_seconds.items(), key=lambda kv: -kv[1])[:n]
@@ -260,12 +261,15 @@ def _collect(runner: Any, hosts: Sequence[AnsibleHost], duration_s: float) -> Pl
         if host in recaps:
             recaps[host].ran = True
     errors: list[str] = []
+    changed: list[str] = []
     task_seconds: dict[str, float] = {}
     for event in runner.events:
         data = event.get("event_data") or {}
         if event.get("event", "").startswith("runner_on_") and isinstance(data.get("duration"), int | float):
             label = str(data.get("task") or "?")
             task_seconds[label] = max(task_seconds.get(label, 0.0), float(data["duration"]))
+        if event.get("event") in ("runner_on_ok", "runner_item_on_ok") and (data.get("res") or {}).get("changed"):
+            changed.append(f"{data.get('host')}: {data.get('task')}")
         if event.get("event") not in _FAIL_EVENTS:
             continue
         if data.get("ignore_errors"):
@@ -288,6 +292,7 @@ def _collect(runner: Any, hosts: Sequence[AnsibleHost], duration_s: float) -> Pl
         output_tail=tail,
         errors=errors,
         task_seconds=task_seconds,
+        changed_tasks=list(dict.fromkeys(changed)),
     )
 
 

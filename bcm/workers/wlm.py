@@ -165,6 +165,7 @@ async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) ->
         f"ansible: {result.status} rc={result.rc} changed={result.changed} in {result.duration_s:.1f}s\n"
     )
     log_text += "".join(f"  {e}\n" for e in result.errors[:50])
+    log_text += "".join(f"changed: {t}\n" for t in result.changed_tasks[:100])
     log_text += "".join(f"{n}\n" for n in result.notes[:200])
     log_text += "slowest tasks: " + ", ".join(f"{t} {d:.1f}s" for t, d in result.slowest()) + "\n"
     if result.rc != 0 and not result.errors:  # the run itself failed (syntax, inventory): show its output

@@ -383,7 +383,7 @@ class Kubernetes:
         if s.mode == "lab":
             kc("controller-manager", "system:kube-controller-manager")
             kc("scheduler", "system:kube-scheduler")
-            for stem in ("ca.key", "sa.key", "sa.pub", "apiserver.crt", "apiserver.key"):
+            for stem in ("ca.crt", "ca.key", "sa.key", "sa.pub", "apiserver.crt", "apiserver.key"):
                 cp_secret_paths[stem] = str(d / stem)
             for stem in ("controller-manager.kubeconfig", "scheduler.kubeconfig"):
                 cp_secret_paths[stem] = str(d / stem)
@@ -478,7 +478,7 @@ class Kubernetes:
             take = min(flavors[product], left)
             left -= take
             quotas.append({"name": k8s.flavor_name(product),
-                           "resources": [{"name": k8s.GPU_RESOURCE, "nominalQuota": take}]})  # fmt: skip
+                           "resources": [{"name": k8s.GPU_RESOURCE, "nominalQuota": str(take)}]})  # fmt: skip
         if quotas:
             api.ensure_custom("clusterqueues", {
                 "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ClusterQueue",
