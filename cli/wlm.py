@@ -219,6 +219,14 @@ def status(
     )
 
 
+@app.command("rm")
+def remove(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
+    """Forget a cluster in bcm: its nodes stay registered and may join another one; nothing running on
+    them is stopped."""
+    client().delete(f"/api/v1/wlm/{name}")
+    out.print(f"cluster {name} removed")
+
+
 @app.command("verify")
 def verify(name: Name = None, as_json: JsonOpt = False) -> None:
     """Run one GPU step on every node of the cluster (all or nothing) and record the result."""

@@ -56,6 +56,19 @@ def keep_secrets(state_dir: Path, kind: str, req: WlmDeployRequest) -> None:
     wlm.get(kind).keep_secrets(secrets_dir(state_dir, req.name), req.secrets())
 
 
+def remove(session: Session, name: str, actor: str) -> None:
+    """Forget a cluster: its row and memberships (its nodes stay registered, their daemons untouched);
+    409 while a deploy runs. The caller removes the secrets directory once this is committed."""
+    row = get(session, name)
+    if row.state == WlmState.DEPLOYING:
+        raise Conflict(f"cluster {name} is deploying: wait for the operation to finish")
+    members = member_names(session, row)
+    session.execute(delete(WlmMember).where(col(WlmMember.cluster_id) == row.id))
+    session.delete(row)
+    events.record(session, actor, "wlm.remove", name, f"{row.kind} cluster forgotten ({fold_hostlist(members)})")
+    session.flush()
+
+
 def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]

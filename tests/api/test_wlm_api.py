@@ -232,3 +232,27 @@ def test_drains_go_to_the_deployed_cluster_of_each_compute_member(wlm_api: Any, 
         }
         with pytest.raises(Conflict, match="head"):  # a controller only is in no workload manager's nodes
             wlm_svc.clusters_of(s, ["gpu01", "head"])
+
+
+def test_rm_forgets_a_cluster_and_frees_its_nodes(wlm_api: Any, engine: Any) -> None:
+    assert wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code == 201
+    inventoried(engine, "head", "gpu01")
+    _plan(engine, "lab", "head", "gpu01")
+    from bcm.models.wlm import WlmCluster, WlmState
+
+    with Session(engine) as s:  # a deploy in flight cannot be forgotten
+        row = s.exec(select(WlmCluster)).one()
+        row.state = WlmState.DEPLOYING.value
+        s.add(row)
+        s.commit()
+    r = wlm_api.delete("/api/v1/wlm/lab")
+    assert r.status_code == 409 and "deploying" in r.json()["message"]
+    with Session(engine) as s:
+        row = s.exec(select(WlmCluster)).one()
+        row.state = WlmState.FAILED.value
+        s.add(row)
+        s.commit()
+    assert wlm_api.delete("/api/v1/wlm/lab").status_code == 204
+    assert wlm_api.get("/api/v1/wlm").json() == [] and _rows(engine) == set()
+    assert wlm_api.delete("/api/v1/wlm/lab").status_code == 404
+    assert wlm_api.delete("/api/v1/nodes", params={"nodes": "head"}).status_code in (200, 204)

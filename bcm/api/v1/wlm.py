@@ -3,6 +3,7 @@ resume nodes. Past the deploy route, nothing here names a kind: the cluster's ow
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from fastapi import APIRouter, Request, status
@@ -54,6 +55,14 @@ async def resume_nodes(body: WlmNodeRequest, request: Request, token: Operator) 
     app = request.app
     nodes = await jobs.resume(app.state.engine, app.state.settings, expand_hostlist(body.nodes), actor(token))
     return {"verb": "resume", "nodes": nodes}
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def remove_cluster(name: str, session: SessionDep, request: Request, token: Operator) -> None:
+    """Forget the cluster (nodes stay registered; nothing on them is stopped); 409 while it deploys."""
+    svc.remove(session, name, actor(token))
+    session.commit()
+    shutil.rmtree(svc.secrets_dir(request.app.state.settings.state_dir, name), ignore_errors=True)
 
 
 @router.get("/{name}", response_model=WlmClusterDetail)
