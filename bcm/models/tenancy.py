@@ -19,7 +19,8 @@ from bcm.domain.naming import check_name
 from bcm.models.base import ts_column, utcnow
 
 NAME_MAX = 40  # Slurm account names: bcm keeps them short enough for every sacctmgr column
-RESERVED = frozenset({"root"})  # Slurm's own account at the top of every tree
+# Slurm's own account at the top of every tree; the namespaces Kubernetes, Kueue and bcm keep for themselves
+RESERVED = frozenset({"root", "default", "kube-system", "kube-public", "kube-node-lease", "kueue-system", "bcm-system"})
 
 
 def check_account_name(value: str, field: str = "name") -> str:
@@ -31,7 +32,7 @@ def check_account_name(value: str, field: str = "name") -> str:
     if value in RESERVED:
         from bcm.errors import InvalidInput
 
-        raise InvalidInput(f"{field}: {value!r} is reserved by Slurm", field=field)
+        raise InvalidInput(f"{field}: {value!r} is reserved (Slurm or Kubernetes uses it)", field=field)
     return value
 
 

@@ -395,7 +395,7 @@ def accounts(session: Session) -> list[AccountSpec]:
     """The whole tree, departments first, each list in name order; members sorted."""
     depts = list(session.exec(select(Department).order_by(col(Department.name))))
     by_id = {d.id: d.name for d in depts}
-    out = [AccountSpec(d.name, None, d.fairshare, None, ()) for d in depts]
+    out = [AccountSpec(d.name, None, d.fairshare, None, (), d.gpu_quota) for d in depts]
     people: dict[int, list[str]] = {}
     for project_id, name in session.exec(
         select(ProjectMember.project_id, User.name).join(User, col(User.id) == col(ProjectMember.user_id))
@@ -409,6 +409,7 @@ def accounts(session: Session) -> list[AccountSpec]:
                 p.fairshare,
                 p.limit_gpus,
                 tuple(sorted(people.get(p.id or 0, []))),
+                p.deserved_gpus,
             )
         )
     return out
@@ -436,7 +437,8 @@ def previous(state_dir: Path, cluster: str) -> list[AccountSpec]:
     except (OSError, ValueError):
         return []
     return [
-        AccountSpec(a["name"], a["parent"], a["fairshare"], a["gpu_limit"], tuple(a["users"])) for a in data
+        AccountSpec(a["name"], a["parent"], a["fairshare"], a["gpu_limit"], tuple(a["users"]), a.get("gpu_deserved"))
+        for a in data
     ]
 
 

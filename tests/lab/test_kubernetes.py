@@ -10,7 +10,6 @@ Everything through `bcm` (CLI and REST); checked with kubectl on the control-pla
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Callable
@@ -21,12 +20,10 @@ import httpx
 import pytest
 
 from bcm.lab import fakegpu
-from bcm.lab.fakegpu import RECORDED_NVML
 from bcm.lab.slurm import SlurmLab
 
 pytestmark = pytest.mark.lab
 
-NVML = RECORDED_NVML / "h100_sxm_565.json"
 GPUS = 2
 INTERVAL_S = 2.0
 KUBECTL = ["/usr/local/lib/bcm-k8s/bin/kubectl", "--kubeconfig", "/etc/bcm-k8s/admin.kubeconfig"]
@@ -69,16 +66,6 @@ def bcm_tainted(node: Any) -> bool:
     return any(t["key"] == "bcm.io/gpu-unhealthy" for t in node["spec"].get("taints") or [])
 
 
-def fixture_for(node: str) -> dict[str, Any]:
-    data = json.loads(NVML.read_text())
-    gpus = [copy.deepcopy(data["gpus"][i % len(data["gpus"])]) for i in range(GPUS)]
-    for i, g in enumerate(gpus):
-        g["uuid"] = fakegpu.gpu_uuid(node, i)
-    data["gpus"] = gpus
-    data.pop("xid_events", None)
-    return data
-
-
 def deploy(run: SlurmLab, *extra: str) -> dict[str, Any]:
     done = run.cli_raw(
         "wlm", "deploy", "kubernetes", "--name", "k8s", "--control-plane", run.controller,
@@ -108,6 +95,87 @@ def workload_of(run: SlurmLab, job: str) -> Any:
     return next((w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None)
 
 
+def held_job(name: str, ns: str, pods: int) -> str:
+    """A Job whose pods hold one GPU each for 10 minutes (kwok's completion delay annotation)."""
+    return json.dumps({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kueue.x-k8s.io/queue-name": ns}},
+        "spec": {"parallelism": pods, "completions": pods, "template": {
+            "metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": "10m"}},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "t", "image": "registry.invalid/train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+    })  # fmt: skip
+
+
+def conditions(wl: Any) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in (wl or {}).get("status", {}).get("conditions", [])}
+
+
+def wl_in(run: SlurmLab, ns: str, job: str) -> Any:
+    items = kjson(run, "get", "workloads.kueue.x-k8s.io", "-n", ns)["items"]
+    return next((w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None)
+
+
+def tenancy_in_kueue(run: SlurmLab) -> None:
+    """Departments and projects rendered into Kueue: cohort, ClusterQueues with nominal quota and borrowing
+    limit, namespaces with ResourceQuotas and LocalQueues; borrowing stops at the limit; the lender reclaims
+    its GPUs by preemption; re-applying changes nothing; removing a project removes its objects."""
+    for user in ("alice", "bob"):
+        assert run.cli_raw("user", "add", user, "--role", "user").returncode == 0
+    run.cli("dept", "add", "research", "--gpus", "6", "--fairshare", "10", "--json")
+    run.cli("project", "add", "vision", "--dept", "research", "--gpus", "2", "--limit", "4", "--json")
+    run.cli("project", "add", "nlp", "--dept", "research", "--gpus", "4", "--limit", "4", "--fairshare", "3", "--json")
+    for project, user in (("vision", "alice"), ("nlp", "bob")):
+        done = run.cli_raw("project", "members", "add", project, user)
+        assert done.returncode == 0, done.stdout + done.stderr
+    plan = run.cli("tenancy", "plan", "--cluster", "k8s", "--json")
+    assert plan["applied"] is False and len(plan["changes"]) == 11, plan  # 1 cohort + 2 x 5 project objects
+    assert kjson(run, "get", "namespaces")["items"] and "vision" not in kubectl(run, "get", "namespaces")
+    applied = run.cli("tenancy", "apply", "--cluster", "k8s", "--json")
+    assert applied["applied"] is True
+
+    cq = kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "vision")
+    assert cq["spec"]["cohortName"] == "research"
+    res = cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]
+    assert (res["nominalQuota"], res["borrowingLimit"]) == ("2", "2")
+    quota = kjson(run, "get", "resourcequota", "bcm-gpus", "-n", "nlp")
+    assert quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "4"}
+    assert kjson(run, "get", "localqueues.kueue.x-k8s.io", "vision", "-n", "vision")["spec"]["clusterQueue"] == "vision"
+    binding = kjson(run, "get", "rolebinding", "bcm-members", "-n", "nlp")
+    assert [x["name"] for x in binding["subjects"]] == ["bob"]
+
+    # re-applying changes nothing: an empty plan, and no object rewritten
+    before = {k: kjson(run, *k.split())["metadata"]["resourceVersion"] for k in (
+        "get clusterqueues.kueue.x-k8s.io vision", "get cohorts.kueue.x-k8s.io research",
+        "get resourcequota bcm-gpus -n nlp", "get rolebinding bcm-members -n vision")}  # fmt: skip
+    again = run.cli("tenancy", "apply", "--cluster", "k8s", "--json")
+    assert again["changes"] == [], again
+    assert before == {k: kjson(run, *k.split())["metadata"]["resourceVersion"] for k in before}
+
+    # vision borrows nlp's idle GPUs up to its limit (4) and no further
+    kubectl(run, "create", "-f", "-", stdin=held_job("borrow", "vision", 4))
+    until("vision's 4-GPU job to be admitted", lambda: conditions(wl_in(run, "vision", "borrow")).get("QuotaReserved") == "True")
+    kubectl(run, "create", "-f", "-", stdin=held_job("over", "vision", 1))
+    until("Kueue to hold vision's fifth GPU back", lambda: conditions(wl_in(run, "vision", "over")).get("QuotaReserved") == "False")
+    usage = kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "vision")["status"]["flavorsUsage"][0]["resources"][0]
+    assert (usage["total"], usage["borrowed"]) == ("4", "2"), usage
+
+    # nlp submits: Kueue reclaims its lent GPUs by preempting vision's borrowing job
+    kubectl(run, "create", "-f", "-", stdin=held_job("reclaim", "nlp", 4))
+    until("nlp's job to be admitted", lambda: conditions(wl_in(run, "nlp", "reclaim")).get("QuotaReserved") == "True")
+    evicted = conditions(wl_in(run, "vision", "borrow"))
+    assert evicted.get("QuotaReserved") != "True" and evicted.get("Evicted") == "True", evicted
+    shown = run.cli("project", "usage", "nlp", "--json")
+    assert shown["wlm"]["gpus_running"] == 4, shown
+
+    # removing a project removes its queue and namespace
+    assert run.cli_raw("project", "rm", "vision").returncode == 0
+    removed = run.cli("tenancy", "apply", "--cluster", "k8s", "--json")
+    assert {(c["action"], c["name"]) for c in removed["changes"]} == {
+        ("remove", "clusterqueue/vision"), ("remove", "namespace/vision")}, removed
+    until("vision's ClusterQueue to be gone", lambda: "vision" not in kubectl(run, "get", "clusterqueues.kueue.x-k8s.io"))
+
+
 def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
     with SlurmLab.running(
         tmp_path, nodes=4, gpus_per_node=GPUS, name="bcmk8s", subnet="198.18.95.0/24", server_host="0.0.0.0"
@@ -132,7 +200,7 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
         seen = nodes(run)
         assert set(seen) == set(run.compute)
         for name in run.compute:
-            inv = http.get(f"/api/v1/nodes/{name}/gpus").json()
+            inv = http.get(f"/api/v1/nodes/{name}/hardware").json()["gpus"]
             n = seen[name]
             assert ready(n) == "True", n["status"]
             assert n["status"]["capacity"]["nvidia.com/gpu"] == str(len(inv)) == str(GPUS)
@@ -155,11 +223,8 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
 
         # agents on the GPU nodes, reporting from their simulated GPUs
         url = f"http://{run.lab.head_ip}:{run.server.port}"
-        for name in (sick, admins):
-            started = http.post("/api/v1/agents/deploy", json={
-                "nodes": name, "server_url": url, "interval_s": INTERVAL_S, "nvml_fixture": fixture_for(name)})  # fmt: skip
-            assert started.status_code == 202, started.text
-            assert run.wait(started.json()["operation_id"], timeout_s=180)["state"] == "succeeded"
+        done = run.cli_raw("agent", "deploy", f"{sick},{admins}", "--server-url", url, "--interval", str(INTERVAL_S))
+        assert done.returncode == 0, done.stdout + done.stderr
 
         # an admin cordons node03 by hand; then XID 79 on both
         kubectl(run, "cordon", admins)
@@ -210,6 +275,9 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
             ("lq", kjson(run, "get", "localqueues.kueue.x-k8s.io", "bcm", "-n", "bcm-system")),
             ("rbac", kjson(run, "get", "clusterrole", "bcm:kwok")),
             ("hook", kjson(run, "get", "validatingwebhookconfiguration", "bcm-kueue-validating")))}  # fmt: skip
+
+        kubectl(run, "uncordon", admins)  # the admin is done: all 6 GPUs schedulable for what follows
+        tenancy_in_kueue(run)
 
         # a killed lab node goes NotReady in the API, and bcm shows it
         run.lab.kill(dies)

@@ -110,3 +110,32 @@ def test_subset_compares_what_bcm_manages_only() -> None:
     assert kdrv._subset(want, {"a": 1, "b": [{"c": 2, "d": 3}], "e": 4})
     assert not kdrv._subset(want, {"a": 1, "b": [{"c": 3}]})
     assert not kdrv._subset(want, {"a": 1, "b": [{"c": 2}, {"c": 2}]})
+
+
+def test_tenancy_renders_cohorts_queues_namespaces_quotas_and_bindings() -> None:
+    from bcm.drivers.wlm import AccountSpec
+    from bcm.drivers.wlm import k8s_tenancy as k8t
+
+    accounts = [
+        AccountSpec("research", None, 10, None, (), 6),
+        AccountSpec("vision", "research", 1, 4, ("alice",), 2),
+        AccountSpec("nlp", "research", 3, 4, ("alice", "bob"), 4),
+    ]
+    objs = {o.key: o for o in k8t.objects(accounts, ["nvidia-h100-80gb-hbm3"])}
+    assert list(objs)[0] == "cohort/research"
+    cq = objs["clusterqueue/vision"].body["spec"]
+    assert cq["cohortName"] == "research" and cq["fairSharing"] == {"weight": "1"}
+    res = cq["resourceGroups"][0]["flavors"][0]["resources"][0]
+    assert res == {"name": "nvidia.com/gpu", "nominalQuota": "2", "borrowingLimit": "2"}
+    assert cq["preemption"]["reclaimWithinCohort"] == "Any"
+    assert cq["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "vision"}}
+    assert objs["resourcequota/nlp/bcm-gpus"].body["spec"] == {"hard": {"requests.nvidia.com/gpu": "4"}}
+    assert objs["localqueue/nlp/nlp"].body["spec"] == {"clusterQueue": "nlp"}
+    assert [s["name"] for s in objs["rolebinding/nlp/bcm-members"].body["subjects"]] == ["alice", "bob"]
+    assert all(o.body["metadata"]["labels"][k8t.LABEL] == "true" for o in objs.values())
+    assert "borrowingLimit 2" in k8t.describe(objs["clusterqueue/vision"])
+    # a second flavor gets no nominal quota of its own, only the right to borrow up to the limit
+    two = {o.key: o for o in k8t.objects(accounts, ["a100", "h100"])}
+    flavors = two["clusterqueue/vision"].body["spec"]["resourceGroups"][0]["flavors"]
+    assert [f["resources"][0]["nominalQuota"] for f in flavors] == ["2", "0"]
+    assert [f["resources"][0]["borrowingLimit"] for f in flavors] == ["2", "4"]

@@ -121,6 +121,7 @@ class AccountSpec:
     fairshare: int
     gpu_limit: int | None  # projects: the most GPUs their jobs may hold at once
     users: tuple[str, ...] = ()
+    gpu_deserved: int | None = None  # departments: their GPU quota; projects: their deserved GPUs
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from bcm.drivers import ansible
 from bcm.drivers.ansible import AnsibleHost, PlaybookResult
 from bcm.drivers.ssh import SshClient, Target
 from bcm.drivers.wlm import k8s_pki as pki
+from bcm.drivers.wlm import k8s_tenancy as k8t
 from bcm.drivers.wlm.base import (
     AccountSpec,
     AccountUsage,
@@ -47,6 +48,7 @@ from bcm.drivers.wlm.base import (
     Controller,
     DeployPlan,
     Render,
+    TenancyChange,
     TenancyPlan,
     VerifyResult,
     WlmNodeState,
@@ -69,13 +71,13 @@ KUEUE_WEBHOOKS = (  # the admission webhooks of the integrations bcm enables (ba
     "mjob.kb.io", "vjob.kb.io", "mworkload.kb.io", "vworkload.kb.io", "mclusterqueue.kb.io",
     "vclusterqueue.kb.io", "mresourceflavor.kb.io", "vresourceflavor.kb.io", "vcohort.kb.io",
 )  # fmt: skip
-KWOK_STAGES = (
+KWOK_STAGES = (  # kwok's "general" pod stages: a second or a few each, and a pod annotated
+    # pod-complete.stage.kwok.x-k8s.io/delay=10m runs that long (a lab job that holds its GPUs)
     "kustomize/stage/node/fast/node-initialize.yaml",
     "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-    "kustomize/stage/pod/fast/pod-ready.yaml",
-    "kustomize/stage/pod/fast/pod-complete.yaml",
-    "kustomize/stage/pod/fast/pod-delete.yaml",
-)
+    *(f"kustomize/stage/pod/general/pod-{s}.yaml"
+      for s in ("create", "init-container-running", "init-container-completed", "ready", "complete", "delete")),
+)  # fmt: skip
 _T = TypeVar("_T")
 
 
@@ -238,6 +240,66 @@ class Api:
 
     def node(self, name: str) -> Any:
         return self.call(f"read node {name}", self.core.read_node, name, missing_ok=True)
+
+    # -- generic access to the kinds tenancy renders (dicts in, dicts out)
+
+    def _ops(self, kind: str) -> tuple[Callable[..., Any], ...]:
+        from kubernetes import client
+
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        c = self.custom
+        custom = {"Cohort": ("cohorts", False), "ClusterQueue": ("clusterqueues", False),
+                  "LocalQueue": ("localqueues", True)}  # fmt: skip
+        if kind in custom:
+            plural, namespaced = custom[kind]
+            g, v = KUEUE_GROUP, KUEUE_VERSION
+            if namespaced:
+                return (lambda n, ns, **kw: c.get_namespaced_custom_object(g, v, ns, plural, n, **kw),
+                        lambda ns, b, **kw: c.create_namespaced_custom_object(g, v, ns, plural, b, **kw),
+                        lambda n, ns, b, **kw: c.replace_namespaced_custom_object(g, v, ns, plural, n, b, **kw),
+                        lambda n, ns, **kw: c.delete_namespaced_custom_object(g, v, ns, plural, n, **kw))  # fmt: skip
+            return (lambda n, ns, **kw: c.get_cluster_custom_object(g, v, plural, n, **kw),
+                    lambda ns, b, **kw: c.create_cluster_custom_object(g, v, plural, b, **kw),
+                    lambda n, ns, b, **kw: c.replace_cluster_custom_object(g, v, plural, n, b, **kw),
+                    lambda n, ns, **kw: c.delete_cluster_custom_object(g, v, plural, n, **kw))  # fmt: skip
+        if kind == "Namespace":
+            k = self.core
+            return (lambda n, ns, **kw: k.read_namespace(n, **kw), lambda ns, b, **kw: k.create_namespace(b, **kw),
+                    lambda n, ns, b, **kw: k.replace_namespace(n, b, **kw),
+                    lambda n, ns, **kw: k.delete_namespace(n, **kw))  # fmt: skip
+        if kind == "ResourceQuota":
+            k = self.core
+            return (k.read_namespaced_resource_quota, k.create_namespaced_resource_quota,
+                    k.replace_namespaced_resource_quota, k.delete_namespaced_resource_quota)  # fmt: skip
+        if kind == "RoleBinding":
+            return (rbac.read_namespaced_role_binding, rbac.create_namespaced_role_binding,
+                    rbac.replace_namespaced_role_binding, rbac.delete_namespaced_role_binding)  # fmt: skip
+        raise DriverError(f"bcm does not manage {kind} objects")
+
+    def read_obj(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        got = self.call(f"read {kind} {name}", self._ops(kind)[0], name, namespace, missing_ok=True)
+        if got is None:
+            return None
+        out: dict[str, Any] = got if isinstance(got, dict) else self.api.sanitize_for_serialization(got)
+        return out
+
+    def create_obj(self, kind: str, namespace: str | None, body: dict[str, Any]) -> None:
+        self.call(f"create {kind} {body['metadata']['name']}", self._ops(kind)[1], namespace, body)
+
+    def replace_obj(self, kind: str, namespace: str | None, name: str, body: dict[str, Any]) -> None:
+        self.call(f"update {kind} {name}", self._ops(kind)[2], name, namespace, body)
+
+    def delete_obj(self, kind: str, namespace: str | None, name: str) -> None:
+        self.call(f"delete {kind} {name}", self._ops(kind)[3], name, namespace, missing_ok=True)
+
+    def list_labelled(self, kind: str, selector: str) -> list[dict[str, Any]]:
+        if kind == "Namespace":
+            items = self.call("list namespaces", self.core.list_namespace, label_selector=selector).items
+            return [self.api.sanitize_for_serialization(i) for i in items]
+        plural = {"Cohort": "cohorts", "ClusterQueue": "clusterqueues"}[kind]
+        got: Any = self.call(f"list {plural}", self.custom.list_cluster_custom_object, KUEUE_GROUP,
+                             KUEUE_VERSION, plural, label_selector=selector)  # fmt: skip
+        return list(got.get("items", []))
 
 
 def _api_message(exc: Any) -> str:
@@ -698,6 +760,44 @@ class Kubernetes:
                 continue
         raise Conflict(f"node {name} kept changing under bcm's update; try again")
 
+    @staticmethod
+    def _flavors(api: Api) -> list[str]:
+        got: Any = api.call("list resourceflavors", api.custom.list_cluster_custom_object, KUEUE_GROUP,
+                            KUEUE_VERSION, "resourceflavors")  # fmt: skip
+        return sorted(f["metadata"]["name"] for f in got.get("items", [])
+                      if k8s.LABEL_PRODUCT in ((f.get("spec") or {}).get("nodeLabels") or {}))  # fmt: skip
+
+    def _tenancy(
+        self, api: Api, cluster: str, accounts: list[AccountSpec], previous: list[AccountSpec] | None
+    ) -> tuple[TenancyPlan, list[tuple[TenancyChange, k8t.Obj | None]]]:
+        flavors = self._flavors(api)
+        want = k8t.objects(accounts, flavors)
+        was = {o.key: o for o in k8t.objects(previous or [], flavors)}
+        steps: list[tuple[TenancyChange, k8t.Obj | None]] = []
+        notes = [] if flavors else ["no GPU ResourceFlavor yet: deploy the cluster first (queues get no quota)"]
+        for o in want:
+            live = api.read_obj(o.kind, o.namespace, o.name)
+            if live is not None and (live.get("metadata") or {}).get("deletionTimestamp"):
+                notes.append(f"{o.key} is being deleted: apply again once it is gone")
+                continue
+            if live is None:
+                steps.append((TenancyChange("add", o.kind, o.key, k8t.describe(o), f"kubectl create {o.key}",
+                                            drift=o.key in was), o))  # fmt: skip
+            elif not _matches(o, live):
+                drift = o.key in was and was[o.key].content == o.content
+                steps.append((TenancyChange("modify", o.kind, o.key, k8t.describe(o), f"kubectl replace {o.key}",
+                                            drift=drift), o))  # fmt: skip
+        keys = {o.key for o in want}
+        for kind in ("ClusterQueue", "Namespace", "Cohort"):
+            for live in api.list_labelled(kind, f"{k8t.LABEL}=true"):
+                key = f"{kind.lower()}/{live['metadata']['name']}"
+                if key in keys or live["metadata"].get("deletionTimestamp"):
+                    continue
+                gone = k8t.Obj(kind, None, live["metadata"]["name"], {})
+                steps.append((TenancyChange("remove", kind, key, "not in bcm's model", f"kubectl delete {key}",
+                                            drift=key not in was), gone))  # fmt: skip
+        return TenancyPlan(cluster, [c for c, _ in steps], notes), steps
+
     async def tenancy_plan(
         self,
         ssh: SshClient,
@@ -707,7 +807,9 @@ class Kubernetes:
         timeout_s: float = 30,
         previous: list[AccountSpec] | None = None,
     ) -> TenancyPlan:
-        raise Conflict("tenancy on Kubernetes clusters is not rendered yet (Slurm only for now)")
+        """Kueue's cohorts and queues, the projects' namespaces, quotas and role bindings against the model."""
+        return await self._with_api(controller, lambda api: self._tenancy(api, cluster, accounts, previous)[0],
+                                    timeout_s)  # fmt: skip
 
     async def tenancy_apply(
         self,
@@ -720,12 +822,50 @@ class Kubernetes:
         previous: list[AccountSpec] | None = None,
         uids: Mapping[str, int] | None = None,
     ) -> TenancyPlan:
-        raise Conflict("tenancy on Kubernetes clusters is not rendered yet (Slurm only for now)")
+        """The plan's changes in order (members are Kubernetes users by name: no Unix users needed)."""
+
+        def run(api: Api) -> TenancyPlan:
+            plan, steps = self._tenancy(api, cluster, accounts, previous)
+            for change, o in steps:
+                assert o is not None
+                if change.action == "add":
+                    api.create_obj(o.kind, o.namespace, o.body)
+                elif change.action == "modify":
+                    live = api.read_obj(o.kind, o.namespace, o.name) or {}
+                    if o.kind == "RoleBinding" and live.get("roleRef") != o.body["roleRef"]:
+                        api.delete_obj(o.kind, o.namespace, o.name)  # roleRef cannot change in place
+                        api.create_obj(o.kind, o.namespace, o.body)
+                        continue
+                    body = {**live, **o.content}
+                    body["metadata"] = {**live.get("metadata", {}), "labels": {
+                        **(live.get("metadata", {}).get("labels") or {}), **k8t.LABELS}}  # fmt: skip
+                    api.replace_obj(o.kind, o.namespace, o.name, body)
+                else:
+                    api.delete_obj(o.kind, o.namespace, o.name)
+            plan.applied = True
+            return plan
+
+        return await self._with_api(controller, run, timeout_s)
 
     async def usage(
         self, ssh: SshClient, controller: Target, accounts: list[str], timeout_s: float = 30
     ) -> dict[str, AccountUsage]:
-        raise Conflict("tenancy on Kubernetes clusters is not rendered yet (Slurm only for now)")
+        """Per project: the GPUs its ClusterQueue has admitted, and the GPUs its pending workloads ask for."""
+
+        def run(api: Api) -> dict[str, AccountUsage]:
+            out: dict[str, AccountUsage] = {}
+            for name in accounts:
+                cq = api.read_obj("ClusterQueue", None, name)
+                if cq is None:
+                    continue
+                used = sum(int(r.get("total") or 0) for f in (cq.get("status") or {}).get("flavorsUsage") or []
+                           for r in f.get("resources") or [] if r.get("name") == k8s.GPU_RESOURCE)  # fmt: skip
+                weight = ((cq.get("spec") or {}).get("fairSharing") or {}).get("weight")
+                out[name] = AccountUsage(name, raw_shares=int(str(weight)) if str(weight).isdigit() else None,
+                                         gpus_running=used, gpus_pending=_pending_gpus(api, name))  # fmt: skip
+            return out
+
+        return await self._with_api(controller, run, timeout_s)
 
     def drain_reason(self, reason: str | None) -> str:
         return k8s.clean_reason(reason)
@@ -738,6 +878,29 @@ class Kubernetes:
 
     def is_responding(self, state: WlmNodeState | None) -> bool:
         return state is not None and state.state.startswith("ready")
+
+
+def _matches(o: k8t.Obj, live: dict[str, Any]) -> bool:
+    have = dict(live)
+    if o.kind == "RoleBinding":
+        have.setdefault("subjects", [])
+    return _subset(o.content, have)
+
+
+def _pending_gpus(api: Api, namespace: str) -> int:
+    got: Any = api.call("list workloads", api.custom.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                        namespace, "workloads")  # fmt: skip
+    total = 0
+    for wl in got.get("items", []):
+        conds = {c["type"]: c["status"] for c in (wl.get("status") or {}).get("conditions") or []}
+        if conds.get("QuotaReserved") == "True" or conds.get("Finished") == "True":
+            continue
+        for ps in (wl.get("spec") or {}).get("podSets") or []:
+            for c in ((ps.get("template") or {}).get("spec") or {}).get("containers") or []:
+                res = c.get("resources") or {}
+                want = (res.get("limits") or {}).get(k8s.GPU_RESOURCE) or (res.get("requests") or {}).get(k8s.GPU_RESOURCE)
+                total += int(ps.get("count") or 1) * int(str(want or 0))
+    return total
 
 
 def _cordon(node: Any, reason: str) -> bool:
