@@ -394,6 +394,7 @@ def apply_states(session: Session, name: str, states: dict[str, str]) -> int:
     changed = 0
     for node in members(session, row):
         new = states.get(node.name)
+        new = new[:32] if new else new  # the column's bound (Node.wlm_state)
         if node.wlm_state != new:
             node.wlm_state = new
             session.add(node)

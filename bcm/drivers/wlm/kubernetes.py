@@ -850,7 +850,8 @@ class Kubernetes:
     async def usage(
         self, ssh: SshClient, controller: Target, accounts: list[str], timeout_s: float = 30
     ) -> dict[str, AccountUsage]:
-        """Per project: the GPUs its ClusterQueue has admitted, and the GPUs its pending workloads ask for."""
+        """Per project: the GPUs its ClusterQueue has reserved for admitted workloads, and the GPUs its
+        pending workloads ask for."""
 
         def run(api: Api) -> dict[str, AccountUsage]:
             out: dict[str, AccountUsage] = {}
@@ -858,7 +859,7 @@ class Kubernetes:
                 cq = api.read_obj("ClusterQueue", None, name)
                 if cq is None:
                     continue
-                used = sum(int(r.get("total") or 0) for f in (cq.get("status") or {}).get("flavorsUsage") or []
+                used = sum(int(r.get("total") or 0) for f in (cq.get("status") or {}).get("flavorsReservation") or []
                            for r in f.get("resources") or [] if r.get("name") == k8s.GPU_RESOURCE)  # fmt: skip
                 weight = ((cq.get("spec") or {}).get("fairSharing") or {}).get("weight")
                 out[name] = AccountUsage(name, raw_shares=int(str(weight)) if str(weight).isdigit() else None,
