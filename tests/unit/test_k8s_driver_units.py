@@ -75,25 +75,25 @@ def test_node_states_read_like_kubectl() -> None:
 def test_drain_cordons_taints_and_records_the_reason_resume_undoes_only_that() -> None:
     m = kdrv.Kubernetes()
     n = node()
-    assert kdrv._cordon(n, "bcm: GPU 0 XID 79")
+    assert kdrv.apply_drain(n, "bcm: GPU 0 XID 79")
     assert n.spec.unschedulable is True
     assert [(t.key, t.effect) for t in n.spec.taints] == [("bcm.io/gpu-unhealthy", "NoSchedule")]
     state = kdrv.node_state(n)
     assert state == kdrv.WlmNodeState("ready,schedulingdisabled", "bcm: GPU 0 XID 79")
     assert m.drained_by_bcm(state) and m.is_drained(state)
-    assert not kdrv._cordon(n, "bcm: GPU 0 XID 79")  # nothing to change: no write
-    assert kdrv._uncordon(n)
+    assert not kdrv.apply_drain(n, "bcm: GPU 0 XID 79")  # nothing to change: no write
+    assert kdrv.lift_drain(n)
     assert not n.spec.unschedulable and not n.spec.taints
     assert kdrv.node_state(n) == kdrv.WlmNodeState("ready", None)
-    assert not kdrv._uncordon(n)
+    assert not kdrv.lift_drain(n)
 
 
 def test_an_admins_cordon_and_taints_survive_bcms_drain_and_resume() -> None:
     other = V1Taint(key="maintenance", value="fans", effect="NoSchedule")
     n = node(unschedulable=True, taints=[other])
-    kdrv._cordon(n, "bcm: GPU 1 XID 48")
+    kdrv.apply_drain(n, "bcm: GPU 1 XID 48")
     assert len(n.spec.taints) == 2
-    kdrv._uncordon(n)
+    kdrv.lift_drain(n)
     assert n.spec.unschedulable is True  # the admin's cordon stays
     assert [t.key for t in n.spec.taints] == ["maintenance"]
     assert kdrv.node_state(n).reason == "cordoned"
@@ -107,9 +107,9 @@ def test_clean_reason_is_one_bounded_bcm_line() -> None:
 
 def test_subset_compares_what_bcm_manages_only() -> None:
     want = {"a": 1, "b": [{"c": 2}]}
-    assert kdrv._subset(want, {"a": 1, "b": [{"c": 2, "d": 3}], "e": 4})
-    assert not kdrv._subset(want, {"a": 1, "b": [{"c": 3}]})
-    assert not kdrv._subset(want, {"a": 1, "b": [{"c": 2}, {"c": 2}]})
+    assert kdrv.holds(want, {"a": 1, "b": [{"c": 2, "d": 3}], "e": 4})
+    assert not kdrv.holds(want, {"a": 1, "b": [{"c": 3}]})
+    assert not kdrv.holds(want, {"a": 1, "b": [{"c": 2}, {"c": 2}]})
 
 
 def test_tenancy_renders_cohorts_queues_namespaces_quotas_and_bindings() -> None:

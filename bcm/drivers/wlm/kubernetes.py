@@ -220,7 +220,7 @@ class Api:
                           KUEUE_VERSION, plural, body)  # fmt: skip
             self.changes.append(f"{what} created")
             return
-        if _subset(body["spec"], have.get("spec") or {}):
+        if holds(body["spec"], have.get("spec") or {}):
             return
         patch = {"spec": body["spec"]}
         if namespace:
@@ -309,12 +309,12 @@ def _api_message(exc: Any) -> str:
         return f"HTTP {exc.status} {exc.reason}"
 
 
-def _subset(want: Any, have: Any) -> bool:
+def holds(want: Any, have: Any) -> bool:
     """``want`` holds nothing that ``have`` lacks or differs in (the server may add defaults)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and _subset(v, have[k]) for k, v in want.items())
+        return isinstance(have, dict) and all(k in have and holds(v, have[k]) for k, v in want.items())
     if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(map(_subset, want, have))
+        return isinstance(have, list) and len(want) == len(have) and all(map(holds, want, have))
     return bool(want == have)
 
 
@@ -731,7 +731,7 @@ class Kubernetes:
 
         def run(api: Api) -> None:
             for name in names:
-                self._update_node(api, name, lambda node: _cordon(node, text))
+                self._update_node(api, name, lambda node: apply_drain(node, text))
 
         await self._with_api(controller, run, timeout_s)
 
@@ -740,7 +740,7 @@ class Kubernetes:
     ) -> None:
         def run(api: Api) -> None:
             for name in names:
-                self._update_node(api, name, _uncordon)
+                self._update_node(api, name, lift_drain)
 
         await self._with_api(controller, run, timeout_s)
 
@@ -885,7 +885,7 @@ def _matches(o: k8t.Obj, live: dict[str, Any]) -> bool:
     have = dict(live)
     if o.kind == "RoleBinding":
         have.setdefault("subjects", [])
-    return _subset(o.content, have)
+    return holds(o.content, have)
 
 
 def _pending_gpus(api: Api, namespace: str) -> int:
@@ -904,7 +904,7 @@ def _pending_gpus(api: Api, namespace: str) -> int:
     return total
 
 
-def _cordon(node: Any, reason: str) -> bool:
+def apply_drain(node: Any, reason: str) -> bool:
     """bcm's taint and reason; the cordon marked as bcm's only when bcm is the one who set it."""
     from kubernetes.client import V1Taint
 
@@ -926,7 +926,7 @@ def _cordon(node: Any, reason: str) -> bool:
     return changed
 
 
-def _uncordon(node: Any) -> bool:
+def lift_drain(node: Any) -> bool:
     """Remove bcm's taint and reason; lift the cordon only if bcm set it (an admin's stays)."""
     notes = dict(node.metadata.annotations or {})
     taints = list(node.spec.taints or [])
