@@ -57,6 +57,7 @@ class FakeNvml:
 
     def __init__(self, fixture: dict[str, Any]) -> None:
         self.fixture = copy.deepcopy(fixture)
+        self.blocking = False
         self.initialized = False
         self.registered = False
         self._xids: deque[XidRaw] = deque(
@@ -65,8 +66,12 @@ class FakeNvml:
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> FakeNvml:
-        return cls(json.loads(Path(path).read_text()))
+    def from_file(cls, path: str | Path, *, blocking: bool = False) -> FakeNvml:
+        """The fixture in ``path``; ``blocking``: ``wait_xid`` waits out its timeout when nothing is queued,
+        as the real NVML blocks (what a running agent needs, or its loop spins)."""
+        fake = cls(json.loads(Path(path).read_text()))
+        fake.blocking = blocking
+        return fake
 
     def push_xid(self, xid: int, gpu_index: int | None) -> None:
         """Queue one Xid event, as the driver would on a fault."""
@@ -192,11 +197,15 @@ class FakeNvml:
         self.registered = True
 
     def wait_xid(self, timeout_ms: int) -> XidRaw | None:
-        """The next queued event, or None at once: the fake never sleeps, whatever the timeout."""
+        """The next queued event, or None: at once, or after the timeout when ``blocking`` (a running agent)."""
         if not self.registered:
             raise NvmlError(ERROR_UNINITIALIZED, "register_xid_events was not called")
         _check(self.fixture.get("event_wait"))
-        return self._xids.popleft() if self._xids else None
+        if self._xids:
+            return self._xids.popleft()
+        if self.blocking and timeout_ms > 0:
+            time.sleep(timeout_ms / 1000)
+        return None
 
 
 class SimulatedNvml(FakeNvml):

@@ -39,7 +39,7 @@ def open_backend(fake: str | None) -> NvmlBackend:
     from bcm.agent.fake_nvml import SIMULATED_NVML_PATH, FakeNvml, SimulatedNvml
 
     if fake:
-        return FakeNvml.from_file(fake)
+        return FakeNvml.from_file(fake, blocking=True)
     if Path(SIMULATED_NVML_PATH).exists():  # only `bcm lab up --gpus N` writes it
         log.warning("simulated GPUs: replaying recorded NVML values from %s", SIMULATED_NVML_PATH)
         return SimulatedNvml(SIMULATED_NVML_PATH)

@@ -19,7 +19,7 @@ from bcm.domain.hostkey import fingerprint
 from bcm.domain.inheritance import INHERITED_FIELDS, effective_settings
 from bcm.domain.naming import expand_hostlist, fold_hostlist, ip_sequence, mac_sequence
 from bcm.domain.states import PUBLIC_VERBS, State, Verb, next_state
-from bcm.errors import Duplicate, IllegalTransition, InvalidInput, LockHeld, NotFound
+from bcm.errors import Conflict, Duplicate, IllegalTransition, InvalidInput, LockHeld, NotFound
 from bcm.models.base import utcnow
 from bcm.models.category import Category
 from bcm.models.gpu import Gpu
@@ -304,6 +304,17 @@ def rekey(session: Session, name: str, key: str | None, actor: str) -> Node:
 def delete(session: Session, names: list[str], actor: str) -> list[str]:
     nodes = get_many(session, names)
     _check_unlocked(nodes)
+    from bcm.models.wlm import WlmCluster  # a cluster's controller cannot go without the cluster
+
+    ids = [n.id for n in nodes]
+    held = [c for i in range(0, len(ids), 500)
+            for c in session.exec(select(WlmCluster).where(col(WlmCluster.controller_id).in_(ids[i:i + 500])))]  # fmt: skip
+    if held:
+        by_id = {n.id: n.name for n in nodes}
+        which = ", ".join(f"{by_id[c.controller_id]} (cluster {c.name})" for c in held)
+        raise Conflict(
+            f"nodes: {which} controls a workload-manager cluster: `bcm wlm rm CLUSTER` first", field="nodes"
+        )
     for n in nodes:
         session.delete(n)
     events.record(session, actor, "node.delete", fold_hostlist(names))

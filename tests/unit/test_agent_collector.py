@@ -459,3 +459,26 @@ def test_agent_refuses_a_config_others_can_read(tmp_path: Path) -> None:
         rc = agent_main(["--config", str(config), "--fake", str(DATA / "h100_sxm_565.json")])
     assert rc == 2
     assert "chmod 600" in err.getvalue()
+
+
+def test_a_fake_from_a_file_blocks_like_nvml_when_the_agent_runs_on_it(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`bcm-agent --fake FILE` must not spin: with nothing queued, wait_xid sleeps out its timeout."""
+    import json as _json
+
+    from bcm.agent import fake_nvml
+    from bcm.agent.main import open_backend
+
+    path = tmp_path / "fixture.json"
+    path.write_text(_json.dumps({"gpus": [], "xid_events": [{"xid": 79, "gpu_index": 0}]}))
+    slept: list[float] = []
+    monkeypatch.setattr(fake_nvml.time, "sleep", slept.append)
+    backend = open_backend(str(path))
+    backend.init()
+    backend.register_xid_events()
+    assert backend.wait_xid(2000) is not None and slept == []  # a queued event comes at once
+    assert backend.wait_xid(2000) is None and slept == [2.0]
+    plain = fake_nvml.FakeNvml.from_file(path)
+    plain.init()
+    plain.register_xid_events()
+    plain.wait_xid(0)
+    assert plain.wait_xid(2000) is None and slept == [2.0]  # unit tests' fake never sleeps

@@ -258,6 +258,35 @@ class WorkloadManager(Protocol):
         ...
 
 
+async def poll_registered(
+    manager: WorkloadManager,
+    ssh: SshClient,
+    controller: Target,
+    names: list[str],
+    timeout_s: float,
+    interval_s: float = 1.0,
+) -> dict[str, WlmNodeState]:
+    """``wait_registered`` for any workload manager: poll ``node_states`` until every named node is
+    responding or ``timeout_s`` passed (a controller that does not answer counts as nothing seen yet,
+    until the deadline); the last states seen."""
+    import asyncio
+
+    from bcm.errors import RetryableDriverError
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:  # bounded by timeout_s
+        try:
+            states = await manager.node_states(ssh, controller)
+        except RetryableDriverError:
+            if loop.time() > deadline:
+                raise
+            states = {}
+        if all(manager.is_responding(states.get(n)) for n in names) or loop.time() > deadline:
+            return states
+        await asyncio.sleep(interval_s)
+
+
 def write_private(path: Path, data: bytes) -> None:
     """Write ``path`` 0600 (its directory 0700), replacing it atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)

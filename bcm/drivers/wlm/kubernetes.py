@@ -22,7 +22,6 @@ annotation; resume removes only bcm's taint, and lifts the cordon only when it w
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import time
@@ -52,6 +51,7 @@ from bcm.drivers.wlm.base import (
     TenancyPlan,
     VerifyResult,
     WlmNodeState,
+    poll_registered,
     write_private,
     write_rendered,
 )
@@ -622,19 +622,8 @@ class Kubernetes:
     async def wait_registered(
         self, ssh: SshClient, controller: Target, names: list[str], timeout_s: float = 90
     ) -> dict[str, WlmNodeState]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        states: dict[str, WlmNodeState] = {}
-        while True:
-            try:
-                states = await self.node_states(ssh, controller)
-            except RetryableDriverError:
-                if loop.time() > deadline:
-                    raise
-                states = {}
-            if all(self.is_responding(states.get(n)) for n in names) or loop.time() > deadline:
-                return states
-            await asyncio.sleep(1.0)
+        """Poll the API's nodes until every named one is Ready, bounded by ``timeout_s``."""
+        return await poll_registered(self, ssh, controller, names, timeout_s)
 
     async def verify(
         self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True

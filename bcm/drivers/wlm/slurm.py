@@ -33,6 +33,7 @@ from bcm.drivers.wlm.base import (
     TenancyPlan,
     VerifyResult,
     WlmNodeState,
+    poll_registered,
     write_private,
     write_rendered,
 )
@@ -247,20 +248,7 @@ class Slurm:
         interval_s: float = 1.0,
     ) -> dict[str, WlmNodeState]:
         """Poll sinfo until every named node answers (no ``*``, not down/unknown), bounded by ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        states: dict[str, WlmNodeState] = {}
-        while True:
-            try:
-                states = await self.node_states(ssh, controller)
-            except RetryableDriverError:
-                if loop.time() > deadline:
-                    raise
-                states = {}
-            waiting = [n for n in names if not self.is_responding(states.get(n))]
-            if not waiting or loop.time() > deadline:
-                return states
-            await asyncio.sleep(interval_s)
+        return await poll_registered(self, ssh, controller, names, timeout_s, interval_s)
 
     async def verify(
         self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True
