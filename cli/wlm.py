@@ -90,7 +90,7 @@ def deploy_kubernetes(
     follow(c, started["operation_id"], wait=not no_wait, as_json=as_json, show=_show)
 
 
-LAB_K8S = {"mode": "lab", "pod_subnet": "198.19.64.0/18", "service_subnet": "198.19.128.0/17"}
+LAB_K8S = {"mode": "lab"}  # the lab's address ranges come with the mode (bcm.domain.kubernetes)
 
 
 def _lab_kubernetes(body: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bcm.errors import InvalidInput
 
@@ -37,6 +37,8 @@ _VERSION = re.compile(r"^1\.[0-9]{2}\.[0-9]{1,3}$")
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
 _CLUSTER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,250}$")
+LAB_SPACE = ipaddress.ip_network("198.18.0.0/15")  # the lab's every address stays in here
+LAB_POD_SUBNET, LAB_SERVICE_SUBNET = "198.19.64.0/18", "198.19.128.0/17"
 
 
 class KubernetesSettings(BaseModel):
@@ -84,6 +86,20 @@ class KubernetesSettings(BaseModel):
         if net.version != 4 or net.prefixlen > 24 or net.prefixlen < 8:
             raise ValueError("an IPv4 network between /8 and /24")
         return str(net)
+
+    @model_validator(mode="after")
+    def _lab_space(self) -> KubernetesSettings:
+        """A lab cluster lives in the lab's address space: unset subnets take the lab's, others must fit."""
+        if self.mode != "lab":
+            return self
+        if "pod_subnet" not in self.model_fields_set:
+            self.pod_subnet = LAB_POD_SUBNET
+        if "service_subnet" not in self.model_fields_set:
+            self.service_subnet = LAB_SERVICE_SUBNET
+        for name in ("pod_subnet", "service_subnet"):
+            if not ipaddress.ip_network(getattr(self, name)).subnet_of(LAB_SPACE):  # type: ignore[arg-type]
+                raise ValueError(f"{name}: a lab cluster's networks must lie inside {LAB_SPACE}")
+        return self
 
     @field_validator("tools_dir")
     @classmethod

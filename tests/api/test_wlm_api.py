@@ -88,6 +88,7 @@ def test_malformed_requests_are_422(wlm_api: Any, bad: dict[str, Any]) -> None:
         {"settings": {"mode": "kind"}},
         {"settings": {"version": "1.36"}},
         {"settings": {"pod_subnet": "10.0.0.0/30"}},
+        {"settings": {"service_subnet": "10.96.0.0/12", "mode": "lab"}},
         {"settings": {"tools_dir": "/opt/../etc"}},
         {"settings": {"gpu_quota": -1}},
         {"settings": {"api_port": 70000}},

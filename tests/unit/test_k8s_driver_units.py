@@ -139,3 +139,12 @@ def test_tenancy_renders_cohorts_queues_namespaces_quotas_and_bindings() -> None
     flavors = two["clusterqueue/vision"].body["spec"]["resourceGroups"][0]["flavors"]
     assert [f["resources"][0]["nominalQuota"] for f in flavors] == ["2", "0"]
     assert [f["resources"][0]["borrowingLimit"] for f in flavors] == ["2", "4"]
+
+
+def test_a_lab_cluster_stays_in_the_lab_address_space() -> None:
+    lab = k8s.KubernetesSettings(mode="lab")
+    assert (lab.pod_subnet, lab.service_subnet) == (k8s.LAB_POD_SUBNET, k8s.LAB_SERVICE_SUBNET)
+    with pytest.raises(ValidationError, match="pod_subnet: a lab cluster's networks"):
+        k8s.KubernetesSettings(mode="lab", pod_subnet="10.244.0.0/16")
+    assert k8s.KubernetesSettings(mode="lab", pod_subnet="198.18.128.0/18").pod_subnet == "198.18.128.0/18"
+    assert k8s.KubernetesSettings().pod_subnet == "10.244.0.0/16"  # real clusters keep kubeadm's default

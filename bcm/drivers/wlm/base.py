@@ -90,6 +90,7 @@ class DeployPlan:
     extravars: dict[str, Any]
     config: Any = None  # the workload manager's own cluster model (bcm.domain.slurm.SlurmCluster)
     fingerprint: str | None = None
+    secrets_dir: Path | None = None  # the cluster's 0700 directory, for drivers that talk to an API after Ansible
 
 
 @dataclass(frozen=True)

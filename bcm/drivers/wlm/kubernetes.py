@@ -130,7 +130,7 @@ class Access:
     ca: Path
     cert: Path
     key: Path
-    verify_image: str = "registry.invalid/bcm-verify:1"
+    verify_image: str = k8s.KubernetesSettings.model_fields["verify_image"].default
 
 
 def access_of(secrets_dir: Path) -> Access:
@@ -139,7 +139,7 @@ def access_of(secrets_dir: Path) -> Access:
         raise Conflict("the cluster has no API credentials yet: deploy it first")
     data = json.loads(info.read_text())
     d = secrets_dir / "pki"
-    return Access(data["server"], d / "ca.crt", d / "admin.crt", d / "admin.key", data.get("verify_image", ""))
+    return Access(data["server"], d / "ca.crt", d / "admin.crt", d / "admin.key", data["verify_image"])
 
 
 # ---- the API server -------------------------------------------------------------------------------
@@ -480,7 +480,7 @@ class Kubernetes:
         }
         model = {"settings": s.model_dump(mode="json"), "members": spec.members, "controller": cp}
         fingerprint = ca_hash.removeprefix("sha256:")
-        return DeployPlan(spec.name, cp.name, hosts, members, extravars, model, fingerprint)
+        return DeployPlan(spec.name, cp.name, hosts, members, extravars, model, fingerprint, secrets_dir)
 
     def keep_secrets(self, secrets_dir: Path, secrets: Mapping[str, str]) -> None:
         return None
@@ -501,8 +501,8 @@ class Kubernetes:
         ctl = result.hosts.get(plan.controller)
         if ctl is None or ctl.status != "ok":
             return result
-        secrets_dir = Path(plan.extravars["bcm_k8s"]["pki"]["ca.crt"]).parent.parent
-        api = Api(access_of(secrets_dir))
+        assert plan.secrets_dir is not None  # plan() sets it
+        api = Api(access_of(plan.secrets_dir))
         try:
             self._api_steps(api, plan)
         except DriverError as exc:
@@ -653,7 +653,7 @@ class Kubernetes:
                                 "labelSelector": {"matchLabels": {"bcm.io/verify": job_name}},
                                 "topologyKey": "kubernetes.io/hostname"}]},
                         },
-                        "containers": [{"name": "verify", "image": "IMAGE", "command": ["nvidia-smi", "-L"],
+                        "containers": [{"name": "verify", "image": "", "command": ["nvidia-smi", "-L"],
                                         "resources": {"limits": limits}}],
                     },
                 },
@@ -663,10 +663,9 @@ class Kubernetes:
             body["spec"]["template"]["spec"]["containers"][0]["command"] = ["true"]  # type: ignore[index]
 
         def run(api: Api) -> VerifyResult:
-            image = api.verify_image or "registry.invalid/bcm-verify:1"
             if api.call("read namespace", api.core.read_namespace, ns, missing_ok=True) is None:
                 return VerifyResult(False, f"namespace {ns} is missing: deploy the cluster first")
-            body["spec"]["template"]["spec"]["containers"][0]["image"] = image  # type: ignore[index]
+            body["spec"]["template"]["spec"]["containers"][0]["image"] = api.verify_image  # type: ignore[index]
             api.call(f"create job {job_name}", api.batch.create_namespaced_job, ns, body)
             end = time.monotonic() + timeout_s
             message = "not admitted"
