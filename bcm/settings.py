@@ -40,6 +40,9 @@ class HealthSettings(BaseModel):
     resume_after_ok_intervals: int = Field(default=3, ge=1)
     history_per_gpu: int = Field(default=1000, ge=1)
     events_per_node: int = Field(default=1000, ge=1)
+    # reports waiting to be written (beyond: 503 + Retry-After) and reports per write transaction
+    ingest_queue: int = Field(default=5000, ge=1, le=1_000_000)
+    ingest_batch: int = Field(default=500, ge=1, le=10_000)
 
 
 class HttpSettings(BaseModel):

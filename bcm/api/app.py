@@ -78,12 +78,14 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         import bcm.services.inventory  # noqa: F401  (registers the inventory job)
         from bcm.workers import wlm as wlm_worker
         from bcm.workers.health import HealthWorker
+        from bcm.workers.ingest import IngestQueue
         from bcm.workers.runner import Runner
 
         app.state.runner = Runner(engine, settings)
         await app.state.runner.start()
         app.state.health = HealthWorker(engine, settings)
         app.state.health.start()
+        app.state.ingest = IngestQueue(engine, settings)
         from bcm.workers import provision
 
         await anyio.to_thread.run_sync(provision.load_config, engine, settings)
@@ -99,6 +101,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.ingest.stop()  # the reports already taken are written, new ones get a 503
             power_poll.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await power_poll

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import func
+from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
-from bcm.errors import Conflict, Duplicate, Forbidden, InvalidInput, NotFound, Unauthorized
+from bcm.errors import BcmError, Conflict, Duplicate, Forbidden, InvalidInput, NotFound, Unauthorized
 from bcm.models.auth import ApiToken, Role, TokenPublic, User, UserCreate, UserPublic
 from bcm.models.base import utcnow
 
@@ -55,6 +57,33 @@ def verify(session: Session, token: str | None) -> ApiToken:
     if row is None or row.revoked_at is not None:
         raise Unauthorized("invalid or revoked token")
     return row
+
+
+def node_tokens(session: Session, presented: Sequence[str], touch_before: datetime) -> dict[str, ApiToken | BcmError]:
+    """Many agents' bearer secrets checked at once: each live node token, or why it is refused.
+
+    Tokens last used before ``touch_before`` get ``last_used_at`` set now (one statement for all).
+    """
+    hashes = {p: hash_token(p) for p in presented}
+    rows = {
+        r.token_hash: r
+        for r in session.exec(select(ApiToken).where(col(ApiToken.token_hash).in_(set(hashes.values()))))
+    }
+    found: dict[str, ApiToken | BcmError] = {}
+    stale: list[int] = []
+    for secret, digest in hashes.items():
+        row = rows.get(digest)
+        if row is None or row.revoked_at is not None:
+            found[secret] = Unauthorized("invalid or revoked token")
+        elif row.role != Role.NODE.value or row.node_id is None:
+            found[secret] = Forbidden("this endpoint takes a node's agent token (issue one with `bcm node token NODE`)")
+        else:
+            found[secret] = row
+            if row.id is not None and (row.last_used_at is None or row.last_used_at < touch_before):
+                stale.append(row.id)
+    if stale:
+        session.execute(update(ApiToken).where(col(ApiToken.id).in_(sorted(stale))).values(last_used_at=utcnow()))
+    return found
 
 
 def require_role(token: ApiToken, needed: Role) -> None:

@@ -1,26 +1,23 @@
-"""GPU health use cases: ingest agent reports, decide drains and resumes, mark silent nodes stale.
+"""GPU health use cases: ingest agent reports, carry out drains and resumes, mark silent nodes stale.
 
-One report is one transaction of few statements: read the node's context (category policy, inventoried
-GPU count, stored health) and its GPUs' previous state, judge the report with
-:func:`bcm.domain.health.evaluate`, then write the GPUs' latest state (upsert), the history rows, events
-(only for what changed) and the node row. On PostgreSQL those writes are one statement (data-modifying
-CTEs over ``unnest`` arrays, so one round trip and a prepared plan) committed without waiting for the WAL
-flush: a report lost to a crash is replaced by the next one. History is pruned per node every ``history_per_gpu // 10`` reports, so its
-cost is spread thin and each GPU keeps between ``history_per_gpu`` and 110 % of it.
+Ingest takes many reports in one transaction of few statements (:func:`ingest_many`; the write-behind
+queue in :mod:`bcm.workers.ingest` gathers them): read every node's context (category policy,
+inventoried GPU count, stored health, its GPUs' previous state) in two queries, judge each report with
+:func:`bcm.domain.health_ingest.judge` (pure: verdicts, the FAIL hold, the drain/resume decision, the
+rows), then write the GPUs' latest state (upsert), the history rows, the events and the node rows with
+:func:`bcm.db_bulk.write_rows` (one statement on PostgreSQL). History is pruned per node every
+``history_per_gpu // 10`` reports, so its cost is spread thin and each GPU keeps between
+``history_per_gpu`` and 110 % of it.
 
-A FAIL holds (the node's verdict stays FAIL) until the node has sent
-``settings.health.resume_after_ok_intervals`` healthy reports in a row; healthy means OK or WARN,
-since a WARN never drains. Entering FAIL asks for a drain, leaving it asks for a resume, but only of a
-drain bcm made: a node an admin drained is left alone. The request only records the decision
-(``NodeHealth.pending_action``); :mod:`bcm.workers.health` carries it out (node state, then the
-workload manager) and retries it, so no slow external call sits inside an agent's report.
+A report only records a decision (``NodeHealth.pending_action``); :mod:`bcm.workers.health` carries it
+out (node state, then the workload manager) and retries it, so no slow external call sits inside an
+agent's report.
 
 Services flush but never commit: the request or background job owns the transaction.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,21 +30,26 @@ from sqlalchemy import bindparam, delete, func, insert, text, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from bcm.domain.health import (
-    XID_RULES,
-    Action,
-    Finding,
-    GpuVerdict,
-    NodeVerdict,
-    Thresholds,
-    Verdict,
-    evaluate,
+from bcm.db_bulk import write_rows
+from bcm.domain.health import Action, Finding, Thresholds, Verdict
+from bcm.domain.health_ingest import (
+    DRAIN,
+    DRAINED,
+    RESUME,
+    Context,
+    NodeState,
+    Outcome,
+    PrevGpu,
+    drain_reason,
+    event_row,
+    finding_event,
+    judge,
 )
 from bcm.domain.health_policy import HealthPolicy
 from bcm.domain.health_report import HealthReport
 from bcm.domain.states import State
 from bcm.errors import BcmError, Forbidden, InvalidInput, NotFound
-from bcm.models.base import INT32_MAX, utcnow
+from bcm.models.base import utcnow
 from bcm.models.category import Category
 from bcm.models.gpu import Gpu
 from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
@@ -58,19 +60,8 @@ from bcm.settings import HealthSettings
 log = logging.getLogger("bcm.health")
 
 ACTOR = "bcm:health"
-DRAIN, RESUME = "drain", "resume"
 MAX_ACTION_ATTEMPTS = 5
-HEALTHY = (Verdict.OK, Verdict.WARN)
 IN_SERVICE = (State.BOOTED.value, State.READY.value)
-DRAINED = (State.DRAINING.value, State.DRAINED.value)
-
-
-@dataclass(frozen=True)
-class _PrevGpu:
-    uuid: str
-    verdict: str
-    reasons: list[dict[str, Any]] | None
-    xid_count: int
 
 
 @dataclass(frozen=True)
@@ -114,37 +105,37 @@ def _context_query() -> Any:
     gpu_count = select(func.count(col(Gpu.id))).where(col(Gpu.node_id) == col(Node.id)).scalar_subquery()
     return (
         sa_select(
-            col(Node.name), col(Node.provision_state), col(Node.inventoried_at), col(Category.health_policy),
-            gpu_count, col(NodeHealth.node_id), col(NodeHealth.verdict), col(NodeHealth.consecutive_ok),
-            col(NodeHealth.drained_by_bcm), col(NodeHealth.drain_reason), col(NodeHealth.pending_action),
-            col(NodeHealth.action_attempts), col(NodeHealth.samples_since_prune),
+            col(Node.id), col(Node.name), col(Node.provision_state), col(Node.inventoried_at),
+            col(Category.health_policy), gpu_count, col(NodeHealth.node_id), col(NodeHealth.verdict),
+            col(NodeHealth.consecutive_ok), col(NodeHealth.drained_by_bcm), col(NodeHealth.drain_reason),
+            col(NodeHealth.pending_action), col(NodeHealth.action_attempts), col(NodeHealth.samples_since_prune),
         )
         .outerjoin(Category, col(Category.id) == col(Node.category_id))
         .outerjoin(NodeHealth, col(NodeHealth.node_id) == col(Node.id))
-        .where(col(Node.id) == bindparam("node_id"))
+        .where(col(Node.id).in_(bindparam("ids", expanding=True)))
     )  # fmt: skip
 
 
 # Built once: statement construction is a real share of the per-report cost at 1,000 reports/s.
 _CONTEXT = _context_query()
 _PREVIOUS = sa_select(
-    col(GpuHealth.index), col(GpuHealth.uuid), col(GpuHealth.verdict), col(GpuHealth.reasons),
-    col(GpuHealth.xid_count),
-).where(col(GpuHealth.node_id) == bindparam("node_id"))  # fmt: skip
+    col(GpuHealth.node_id), col(GpuHealth.index), col(GpuHealth.uuid), col(GpuHealth.verdict),
+    col(GpuHealth.reasons), col(GpuHealth.xid_count),
+).where(col(GpuHealth.node_id).in_(bindparam("ids", expanding=True)))  # fmt: skip
 
 
-@dataclass
-class _NodeState:
-    """The stored NodeHealth fields the decisions read and change."""
-
-    node_id: int
-    verdict: str = Verdict.UNKNOWN.value
-    consecutive_ok: int = 0
-    drained_by_bcm: bool = False
-    drain_reason: str | None = None
-    pending_action: str | None = None
-    action_attempts: int = 0
-    samples_since_prune: int = 0
+def _contexts(conn: Any, ids: list[int]) -> dict[int, Context]:
+    """What bcm knows of each node in ``ids`` (two queries for all of them)."""
+    contexts: dict[int, Context] = {}
+    for node_id, name, state, inventoried_at, policy, gpus, stored, *rest in conn.execute(_CONTEXT, {"ids": ids}):
+        contexts[node_id] = Context(
+            node_id, name, state, thresholds_for(policy), int(gpus) if inventoried_at is not None else None,
+            None if stored is None else NodeState(node_id, *rest),
+        )  # fmt: skip
+    for node_id, index, uuid, verdict, reasons, xid_count in conn.execute(_PREVIOUS, {"ids": ids}):
+        if node_id in contexts:
+            contexts[node_id].previous[int(index)] = PrevGpu(uuid, verdict, reasons, xid_count)
+    return contexts
 
 
 def ingest(
@@ -155,246 +146,84 @@ def ingest(
     now: datetime | None = None,
 ) -> IngestResult:
     """Store one validated report of ``node_id`` and record any drain/resume decision."""
+    result = ingest_many(session, [(node_id, report)], settings, now)[0]
+    if isinstance(result, BcmError):
+        raise result
+    return result
+
+
+def ingest_many(
+    session: Session,
+    items: Sequence[tuple[int, HealthReport]],
+    settings: HealthSettings,
+    now: datetime | None = None,
+) -> list[IngestResult | BcmError]:
+    """Judge and store many validated reports (each of the node its token belongs to) in this transaction.
+
+    One result per item, in order: what was stored, or the error of that item alone (its node is gone,
+    or the report names another host) — the other items are stored all the same. A node's reports are
+    judged in the order given, each meeting the state the one before left.
+    """
     now = now or utcnow()
     conn = session.connection()
-    dialect = conn.dialect.name
-    if dialect == "postgresql":
-        # A report lost to a crash is replaced by the next one (and a lost decision is made again
-        # from the older verdict), so the commit need not wait for the WAL flush.
-        conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
-    ctx = conn.execute(_CONTEXT, {"node_id": node_id}).one_or_none()
-    if ctx is None:
-        raise NotFound(f"node {node_id} not found")
-    name, state, inventoried_at, policy, inventoried_gpus, stored, *rest = ctx
-    check_reporter(name, report)
-    first = stored is None
-    nh = _NodeState(node_id) if first else _NodeState(node_id, *rest)
-    expected = int(inventoried_gpus) if inventoried_at is not None else None
-    judged = evaluate(report.rules_input(), thresholds_for(policy), expected)
-    previous = {
-        int(index): _PrevGpu(uuid, verdict, reasons, xid_count)
-        for index, uuid, verdict, reasons, xid_count in conn.execute(_PREVIOUS, {"node_id": node_id})
-    }
-    raw = judged.verdict
-    ok_run = nh.consecutive_ok + 1 if raw in HEALTHY else 0
-    was_fail = not first and nh.verdict == Verdict.FAIL.value
-    holding = raw is not Verdict.FAIL and was_fail and ok_run < settings.resume_after_ok_intervals
-    effective = Verdict.FAIL if holding else raw
-    held = _held_finding(ok_run, settings.resume_after_ok_intervals) if holding else None
-
-    samples = {int(g.index): g for g in report.gpus}
-    gpu_rows, sample_rows, events, verdict_changes = [], [], [], []
-    for gv in judged.gpus:
-        prev = previous.get(gv.index)
-        uuid = gv.uuid or (prev.uuid if prev else None) or f"{name}:gpu{gv.index}"
-        verdict, reasons = gv.verdict, [r.to_dict() for r in gv.reasons]
-        if (
-            holding
-            and prev is not None
-            and prev.verdict == Verdict.FAIL.value
-            and verdict is not Verdict.FAIL
-        ):
-            verdict = Verdict.FAIL
-            reasons = [*(prev.reasons or [])[:20], held.to_dict()] if held else list(prev.reasons or [])
-        xids = [int(r.code[4:]) for r in gv.reasons if r.code.startswith("xid.")]
-        gpu_rows.append(_gpu_row(node_id, uuid, verdict, reasons, samples[gv.index], xids, prev, now))
-        sample_rows.append(_sample_row(node_id, uuid, verdict, samples[gv.index], xids, now))
-        events += [_event(node_id, now, f, gv.index, uuid) for f in gv.reasons if f.code.startswith("xid.")]
-        old = prev.verdict if prev else None
-        if old != verdict.value and (old is not None or verdict is not Verdict.OK):
-            verdict_changes.append((gv.index, verdict.value))
-            events.append(_gpu_change_event(node_id, now, gv, uuid, old, verdict))
-    events += [_event(node_id, now, f) for f in judged.findings if f.code.startswith("xid.")]
-
-    node_findings = [f.to_dict() for f in judged.findings] + ([held.to_dict()] if held else [])
-    old_node = None if first else nh.verdict
-    if old_node != effective.value and (old_node is not None or effective is not Verdict.OK):
-        events.append(_node_change_event(node_id, now, old_node, effective, judged))
-
-    action = _decide(nh, state, first, effective, raw, judged, name, events, now)
-
-    gone = set(previous) - set(samples)
-    if gone:  # a GPU no longer reported keeps no stale "latest" row
-        conn.execute(
-            delete(GpuHealth).where(col(GpuHealth.node_id) == node_id, col(GpuHealth.index).in_(gone))
+    contexts = _contexts(conn, sorted({node_id for node_id, _ in items}))
+    outcomes: list[Outcome] = []
+    results: list[IngestResult | BcmError] = []
+    for node_id, report in items:
+        ctx = contexts.get(node_id)
+        if ctx is None:
+            results.append(NotFound(f"node {node_id} not found"))
+            continue
+        try:
+            check_reporter(ctx.name, report)
+        except Forbidden as exc:
+            results.append(exc)
+            continue
+        out = judge(
+            ctx, report, resume_after=settings.resume_after_ok_intervals, prune_every=prune_every(settings), now=now
         )
-    for index, verdict_value in verdict_changes:
-        conn.execute(
-            update(Gpu)
-            .where(col(Gpu.node_id) == node_id, col(Gpu.index) == index)
-            .values(verdict=verdict_value)
-        )
+        contexts[node_id] = out.advance(ctx)
+        outcomes.append(out)
+        results.append(IngestResult(node_id, out.name, out.verdict, out.report_verdict, out.action))
+    _store(session, outcomes, settings)
+    return results
 
-    nh.samples_since_prune += 1
-    prune = nh.samples_since_prune >= prune_every(settings)
-    if prune:
-        nh.samples_since_prune = 0
-    row = {
-        **dataclasses.asdict(nh),
-        "verdict": effective.value,
-        "report_verdict": raw.value,
-        "last_report_at": now,
-        "collected_at": report.collected_at,
-        "consecutive_ok": ok_run,
-        "gpu_count": report.gpu_count,
-        "agent_version": report.agent_version[:64],
-        "driver_version": (report.driver_version or "")[:64] or None,
-        "findings": node_findings,
-        "updated_at": now,
-    }
-    _write_all(
+
+def _store(session: Session, outcomes: list[Outcome], settings: HealthSettings) -> None:
+    """Write the outcomes: a node's latest rows are those of its last report; every history row and event."""
+    if not outcomes:
+        return
+    conn = session.connection()
+    last: dict[int, Outcome] = {}
+    gone: dict[int, set[int]] = {}
+    changes: dict[tuple[int, int], str] = {}
+    for out in outcomes:
+        last[out.node_id] = out
+        gone.setdefault(out.node_id, set()).update(out.gone)
+        changes.update({(out.node_id, index): verdict for index, verdict in out.verdict_changes})
+    for node_id, indexes in sorted(gone.items()):
+        indexes -= {g["index"] for g in last[node_id].gpu_rows}
+        if indexes:  # a GPU no longer reported keeps no stale "latest" row
+            conn.execute(
+                delete(GpuHealth).where(col(GpuHealth.node_id) == node_id, col(GpuHealth.index).in_(indexes))
+            )
+    for (node_id, index), verdict in sorted(changes.items()):
+        conn.execute(
+            update(Gpu).where(col(Gpu.node_id) == node_id, col(Gpu.index) == index).values(verdict=verdict)
+        )
+    ordered = [last[node_id] for node_id in sorted(last)]  # one order for every writer: no deadlocks
+    write_rows(
         conn,
         [
-            (GpuHealth, gpu_rows, True),
-            (HealthSample, sample_rows, False),
-            (HealthEvent, events, False),
-            (NodeHealth, [row], True),
+            (GpuHealth, [g for out in ordered for g in sorted(out.gpu_rows, key=lambda g: g["index"])], True),
+            (HealthSample, [r for out in outcomes for r in out.sample_rows], False),
+            (HealthEvent, [e for out in outcomes for e in out.events], False),
+            (NodeHealth, [out.node_row for out in ordered], True),
         ],
     )
-    if prune:  # after this report's samples are in, so each GPU keeps history_per_gpu of them
-        prune_history(session, node_id, [g["uuid"] for g in gpu_rows], settings)
-    return IngestResult(node_id, name, effective.value, raw.value, action)
-
-
-def _held_finding(ok_run: int, needed: int) -> Finding:
-    return Finding(
-        "health.held",
-        Verdict.FAIL,
-        f"FAIL holds until {needed} healthy reports in a row ({ok_run} so far)",
-        Action.NONE,
-    )
-
-
-def _gpu_row(
-    node_id: int,
-    uuid: str,
-    verdict: Verdict,
-    reasons: list[dict[str, Any]],
-    g: Any,
-    xids: list[int],
-    prev: _PrevGpu | None,
-    now: datetime,
-) -> dict[str, Any]:
-    rows, pages = g.remapped_rows, g.retired_pages
-    return {
-        "node_id": node_id,
-        "index": int(g.index),
-        "uuid": uuid[:96],
-        "name": g.name,
-        "pci_bus_id": (g.pci_bus_id or "")[:32] or None,
-        "verdict": verdict.value,
-        "reasons": reasons,
-        "temperature_c": g.temperature_c,
-        "power_draw_w": g.power_draw_w,
-        "utilization_gpu_pct": g.utilization_gpu_pct,
-        "utilization_memory_pct": g.utilization_memory_pct,
-        "memory_total_mib": g.memory_total_mib,
-        "memory_used_mib": g.memory_used_mib,
-        "ecc_sbe_volatile": g.ecc.volatile_corrected,
-        "ecc_dbe_volatile": g.ecc.volatile_uncorrected,
-        "ecc_sbe_aggregate": g.ecc.aggregate_corrected,
-        "ecc_dbe_aggregate": g.ecc.aggregate_uncorrected,
-        "pcie_replay": g.pcie.replay_counter,
-        "remap_correctable": rows.correctable if rows else None,
-        "remap_uncorrectable": rows.uncorrectable if rows else None,
-        "remap_pending": rows.pending if rows else None,
-        "remap_failure": rows.failure if rows else None,
-        "retired_sbe": pages.single_bit if pages else None,
-        "retired_dbe": pages.double_bit if pages else None,
-        "retired_pending": pages.pending if pages else None,
-        # dcgm-exporter's XID_ERRORS is the last Xid seen; keep it until another one replaces it
-        "last_xid": xids[-1] if xids else None,
-        "xid_count": min(INT32_MAX, (prev.xid_count if prev else 0) + len(xids)),
-        "sampled_at": now,
-    }
-
-
-def _sample_row(
-    node_id: int, uuid: str, verdict: Verdict, g: Any, xids: list[int], now: datetime
-) -> dict[str, Any]:
-    return {
-        "node_id": node_id,
-        "uuid": uuid[:96],
-        "gpu_index": int(g.index),
-        "time": now,
-        "verdict": verdict.value,
-        "temperature_c": g.temperature_c,
-        "power_draw_w": g.power_draw_w,
-        "utilization_gpu_pct": g.utilization_gpu_pct,
-        "memory_used_mib": g.memory_used_mib,
-        "ecc_sbe_volatile": g.ecc.volatile_corrected,
-        "ecc_dbe_volatile": g.ecc.volatile_uncorrected,
-        "xid": xids[-1] if xids else None,
-    }
-
-
-_STATEMENTS: dict[tuple[Any, ...], Any] = {}
-_PG_ARRAY_TYPES = {"INTEGER": "int4", "BIGINT": "int8", "BIGINTEGER": "int8", "FLOAT": "float8", "BOOLEAN": "bool", "JSON": "json"}
-
-
-def _pg_array_type(column: Any) -> str:
-    name = type(column.type).__name__.upper()
-    if name == "UTCDATETIME":
-        return "timestamptz"
-    return _PG_ARRAY_TYPES.get(name, "text")
-
-
-def _pg_insert_sql(model: Any, keys: tuple[str, ...], upsert: bool, prefix: str) -> str:
-    """``INSERT … SELECT FROM unnest(<one array parameter per column>)``: short and prepared, any row count."""
-    table: Any = model.__table__
-    pk = [c.name for c in table.primary_key.columns]
-    cols = ", ".join(f'"{k}"' for k in keys)
-    arrays = ", ".join(f"%({prefix}{k})s::{_pg_array_type(table.c[k])}[]" for k in keys)
-    sql = f"INSERT INTO {table.name} ({cols}) SELECT * FROM unnest({arrays})"  # noqa: S608 - our own names
-    if upsert:
-        sets = ", ".join(f'"{k}" = EXCLUDED."{k}"' for k in keys if k not in pk)
-        sql += f" ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}"
-    return sql
-
-
-Write = tuple[Any, list[dict[str, Any]], bool]  # (model, rows of one shape, upsert)
-
-
-def _write_all(conn: Any, writes: list[Write]) -> None:
-    """All of a report's writes: one statement (data-modifying CTEs) on PostgreSQL, so one round trip;
-    on SQLite (in-process, no round trips) one cached Core executemany per table."""
-    writes = [w for w in writes if w[1]]
-    if conn.dialect.name == "postgresql":
-        key = ("pg", tuple((w[0].__name__, tuple(w[1][0]), w[2]) for w in writes))
-        if key not in _STATEMENTS:
-            parts = [
-                _pg_insert_sql(m, tuple(rows[0]), up, f"w{i}_") for i, (m, rows, up) in enumerate(writes)
-            ]
-            ctes = ", ".join(f"w{i} AS ({sql} RETURNING 1)" for i, sql in enumerate(parts[:-1]))
-            _STATEMENTS[key] = (f"WITH {ctes} " if ctes else "") + parts[-1]
-        params: dict[str, Any] = {}
-        for i, (model, rows, _up) in enumerate(writes):
-            table: Any = model.__table__
-            for k in rows[0]:
-                as_json = _pg_array_type(table.c[k]) == "json"
-                params[f"w{i}_{k}"] = [
-                    json.dumps(r[k]) if as_json and r[k] is not None else r[k] for r in rows
-                ]
-        conn.exec_driver_sql(_STATEMENTS[key], params)
-        return
-    for model, rows, upsert in writes:
-        conn.execute(_sqlite_statement(model, tuple(rows[0]), upsert), rows)
-
-
-def _sqlite_statement(model: Any, keys: tuple[str, ...], upsert: bool) -> Any:
-    table: Any = model.__table__
-    key = ("sqlite", table.name, keys, upsert)
-    if key not in _STATEMENTS:
-        from sqlalchemy.dialects import sqlite
-
-        stmt: Any = sqlite.insert(table)
-        if upsert:
-            pk = [c.name for c in table.primary_key.columns]
-            stmt = stmt.on_conflict_do_update(
-                index_elements=pk, set_={k: stmt.excluded[k] for k in keys if k not in pk}
-            )
-        _STATEMENTS[key] = stmt
-    return _STATEMENTS[key]
+    for node_id in sorted({out.node_id for out in outcomes if out.prune}):
+        # after these samples are in, so each GPU keeps history_per_gpu of them
+        prune_history(session, node_id, [g["uuid"] for g in last[node_id].gpu_rows], settings)
 
 
 def prune_every(settings: HealthSettings) -> int:
@@ -420,157 +249,6 @@ def prune_history(session: Session, node_id: int, uuids: Iterable[str], settings
         ),
         {"node": node_id, "n": settings.events_per_node - 1},
     )
-
-
-def _event(
-    node_id: int,
-    now: datetime,
-    f: Finding,
-    gpu_index: int | None = None,
-    uuid: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "time": now,
-        "node_id": node_id,
-        "gpu_uuid": uuid,
-        "gpu_index": gpu_index,
-        "severity": f.severity.value,
-        "code": (code or f.code)[:64],
-        "message": f.message[:1024],
-        "action": f.action.value,
-    }
-
-
-def _worst_finding(findings: Sequence[Finding]) -> Finding | None:
-    rank = {Verdict.OK: 0, Verdict.UNKNOWN: 1, Verdict.WARN: 2, Verdict.FAIL: 3}
-    return max(findings, key=lambda f: rank[f.severity], default=None)
-
-
-def _gpu_change_event(
-    node_id: int, now: datetime, gv: GpuVerdict, uuid: str, old: str | None, new: Verdict
-) -> dict[str, Any]:
-    top = _worst_finding([r for r in gv.reasons if r.severity is not Verdict.OK])
-    why = "; ".join(r.message for r in gv.reasons if r.severity is not Verdict.OK)[:900]
-    message = f"GPU {gv.index} {old or 'new'} -> {new.value}" + (f": {why}" if why else "")
-    return {
-        "time": now,
-        "node_id": node_id,
-        "gpu_uuid": uuid,
-        "gpu_index": gv.index,
-        "severity": new.value,
-        "code": "gpu.verdict",
-        "message": message[:1024],
-        "action": top.action.value if top else None,
-    }
-
-
-def _node_change_event(
-    node_id: int, now: datetime, old: str | None, new: Verdict, judged: NodeVerdict
-) -> dict[str, Any]:
-    top = _worst_finding(
-        [*judged.findings, *(r for g in judged.gpus for r in g.reasons if r.severity is not Verdict.OK)]
-    )
-    message = f"node {old or 'new'} -> {new.value}" + (
-        f": {top.message}" if top and new is not Verdict.OK else ""
-    )
-    return {
-        "time": now,
-        "node_id": node_id,
-        "gpu_uuid": None,
-        "gpu_index": None,
-        "severity": new.value,
-        "code": "node.verdict",
-        "message": message[:1024],
-        "action": top.action.value if top and new is not Verdict.OK else None,
-    }
-
-
-def drain_reason(judged: NodeVerdict) -> str:
-    """Slurm's Reason for a bcm drain: ``bcm: GPU <index> <uuid> XID 79 GPU has fallen off the bus``."""
-    for g in judged.gpus:
-        for f in g.reasons:
-            if f.severity is Verdict.FAIL:
-                return _reason_text(f"GPU {g.index} {g.uuid or '?'} ", f)
-    for f in judged.findings:
-        if f.severity is Verdict.FAIL:
-            return _reason_text("", f)
-    return "bcm: GPU health FAIL"
-
-
-def _reason_text(prefix: str, f: Finding) -> str:
-    if f.code.startswith("xid.") and f.code[4:].isdigit():
-        xid = int(f.code[4:])
-        rule = XID_RULES.get(xid)
-        what = f"XID {xid} {rule.meaning if rule else f.message}"
-    else:
-        what = f"{f.code} {f.message}"
-    # Slurm quotes the reason; keep it one short line without quotes
-    return ("bcm: " + prefix + what).replace('"', "'").replace("\n", " ")[:200]
-
-
-def _decide(
-    nh: _NodeState,
-    state: str,
-    first: bool,
-    effective: Verdict,
-    raw: Verdict,
-    judged: NodeVerdict,
-    name: str,
-    events: list[dict[str, Any]],
-    now: datetime,
-) -> str | None:
-    """Record a drain on entering FAIL and a resume on leaving it (bcm's own drains only)."""
-    node_id = nh.node_id
-    was_fail = not first and nh.verdict == Verdict.FAIL.value
-    if effective is Verdict.FAIL and not was_fail:
-        if state in DRAINED and not nh.drained_by_bcm:
-            events.append(
-                _action_event(
-                    node_id,
-                    now,
-                    "drain.skipped",
-                    Verdict.FAIL,
-                    f"{name} is already {state} by an admin; bcm leaves that drain alone",
-                )
-            )
-            return None
-        nh.drained_by_bcm, nh.drain_reason = True, drain_reason(judged)
-        nh.pending_action, nh.action_attempts = DRAIN, 0
-        events.append(_action_event(node_id, now, "drain.requested", Verdict.FAIL, nh.drain_reason, DRAIN))
-        return DRAIN
-    if was_fail and effective is not Verdict.FAIL and nh.drained_by_bcm:
-        if nh.pending_action == DRAIN:  # never carried out: nothing to undo
-            nh.pending_action, nh.drained_by_bcm, nh.drain_reason = None, False, None
-            return None
-        nh.pending_action, nh.action_attempts = RESUME, 0
-        events.append(
-            _action_event(
-                node_id,
-                now,
-                "resume.requested",
-                Verdict.OK,
-                f"{name} healthy for {nh.consecutive_ok + 1} reports in a row",
-                RESUME,
-            )
-        )
-        return RESUME
-    return None  # fmt: skip
-
-
-def _action_event(
-    node_id: int, now: datetime, code: str, severity: Verdict, message: str, action: str | None = None
-) -> dict[str, Any]:
-    return {
-        "time": now,
-        "node_id": node_id,
-        "gpu_uuid": None,
-        "gpu_index": None,
-        "severity": severity.value,
-        "code": code,
-        "message": message[:1024],
-        "action": action,
-    }
 
 
 def note_admin_verb(session: Session, node_ids: Sequence[int], verb: str) -> None:
@@ -655,7 +333,7 @@ def finish_pending(
             done = f"{item.action} of {item.node}: nothing to do (node is {item.state or 'not in service'}, in no workload manager)"
         session.execute(
             insert(HealthEvent),
-            [_action_event(item.node_id, now, f"{item.action}.done", Verdict.OK, done, item.action)],
+            [event_row(item.node_id, now, f"{item.action}.done", Verdict.OK, done, item.action)],
         )
         if item.action == RESUME:
             session.execute(
@@ -674,7 +352,7 @@ def finish_pending(
     message = f"{item.action} of {item.node} failed (attempt {attempts}): {error}" + (
         "" if retry else "; giving up"
     )
-    session.execute(insert(HealthEvent), [_action_event(item.node_id, now, f"{item.action}.failed", Verdict.WARN, message, item.action)])  # fmt: skip
+    session.execute(insert(HealthEvent), [event_row(item.node_id, now, f"{item.action}.failed", Verdict.WARN, message, item.action)])  # fmt: skip
 
 
 # --- staleness ----------------------------------------------------------------------------------------
@@ -710,7 +388,7 @@ def sweep_stale(
             f"no health report for {age:.0f} s (>= {settings.stale_intervals} intervals of {settings.interval_s:g} s)",
             Action.CHECK_AGENT,
         )
-        events.append(_event(node_id, now, f))
+        events.append(finding_event(node_id, now, f))
     session.execute(insert(HealthEvent), events)
     session.flush()
     return [r[1] for r in rows]  # fmt: skip
@@ -736,6 +414,7 @@ __all__ = [
     "drain_reason",
     "finish_pending",
     "ingest",
+    "ingest_many",
     "note_admin_verb",
     "prune_history",
     "stale_cutoff",

@@ -356,10 +356,6 @@ def apply_verb(
     action = Verb(verb)
     nodes = [n for n, _ in moves]
     _compare_and_set(session, moves, action)
-    if action in (Verb.DRAIN, Verb.RESUME) and actor != "bcm:health":
-        from bcm.services import health  # an admin's own drain or resume takes over from bcm's
-
-        health.note_admin_verb(session, [n.id for n in nodes if n.id is not None], action.value)
     events.record(session, actor, f"node.{action.value}", fold_hostlist(names), reason or "")
     session.flush()
     return nodes

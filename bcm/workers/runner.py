@@ -28,6 +28,7 @@ from bcm.domain.naming import fold_hostlist
 from bcm.models.base import utcnow
 from bcm.models.node import VerbResult
 from bcm.models.operation import OpState
+from bcm.services import health as health_svc
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.settings import Settings
@@ -198,6 +199,9 @@ class Runner:
     def _apply(self, verb: str, names: list[str], actor: str, reason: str | None) -> list[dict[str, Any]]:
         with session_scope(self.engine) as s:
             nodes = node_svc.apply_verb(s, names, verb, actor, reason)
+            if verb in ("drain", "resume") and actor != health_svc.ACTOR:
+                # an admin's own drain or resume takes over from bcm's (it will not undo or redo it)
+                health_svc.note_admin_verb(s, [n.id for n in nodes if n.id is not None], verb)
             return [{"name": n.name, "status": "ok", "state": n.provision_state} for n in nodes]
 
     def _start_job(

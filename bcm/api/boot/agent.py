@@ -7,39 +7,17 @@ before it is parsed; an oversize or malformed report is a 422 and nothing is sto
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Request, status
 from pydantic import ValidationError
-from sqlmodel import Session
 
-from bcm.api.deps import bearer, verified_token
-from bcm.db import session_scope
+from bcm.api.deps import bearer
 from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
-from bcm.errors import Forbidden, InvalidInput, Unauthorized
-from bcm.models.auth import ApiToken, Role
-from bcm.models.base import utcnow
+from bcm.errors import BcmError, InvalidInput, Unauthorized
 from bcm.models.health import ReportAccepted
-from bcm.services import health as svc
 
 router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
-# Writing last_used_at on every report would double the writes of the busiest endpoint.
-TOKEN_TOUCH_EVERY = timedelta(minutes=5)
-
-
-def node_only_token(request: Request, session: Session) -> ApiToken:
-    """The caller's token, which must be a node's agent token (admin and user tokens are refused)."""
-    token = verified_token(request, session)
-    if token.role != Role.NODE.value or token.node_id is None:
-        raise Forbidden("this endpoint takes a node's agent token (issue one with `bcm node token NODE`)")
-    now = utcnow()
-    if token.last_used_at is None or now - token.last_used_at > TOKEN_TOUCH_EVERY:
-        token.last_used_at = now
-        session.add(token)
-    return token
-
 
 
 async def capped_body(request: Request) -> bytes:
@@ -86,26 +64,30 @@ async def report(
 ) -> ReportAccepted:
     """Store a node's health report (its own node only) and judge it.
 
-    The token check, parsing, ingest and commit run in one worker thread with one session (one
-    connection, one transaction): on SQLite the write turn taken by the first insert is given back by the
-    commit in that same thread, never held while the request waits for another thread (with every worker
-    waiting for the turn, that wait never ended).
+    The report is validated here, then written with the others that arrive meanwhile
+    (:class:`bcm.workers.ingest.IngestQueue`: one transaction checks every token and stores every report
+    of a batch); the answer comes once this report is committed. A wrong token is a 401 even when the
+    report is malformed too.
     """
-    engine, settings = request.app.state.engine, request.app.state.settings
-
-    def work() -> svc.IngestResult:
-        with session_scope(engine) as session:
-            token = node_only_token(request, session)
-            assert token.node_id is not None
-            parsed = parse_report(body)
-            return svc.ingest(session, token.node_id, parsed, settings.health)
-
-    result = await anyio.to_thread.run_sync(work)
+    failures = request.app.state.auth_failures
+    client = request.client.host if request.client else "unknown"
+    failures.check(client)
+    try:
+        parsed: HealthReport | BcmError = parse_report(body)
+    except InvalidInput as exc:
+        parsed = exc
+    token = bearer(request)
+    assert token is not None  # bearer_present
+    try:
+        result = await request.app.state.ingest.submit(token, parsed)
+    except Unauthorized as exc:
+        failures.failed(client, request.url.path, exc.message)
+        raise
     if result.action is not None:
-        # runs after the response; the decision was committed above
+        # runs after the response; the decision was committed with the report
         from bcm.workers.health import apply_pending
 
-        background.add_task(apply_pending, engine, settings, [result.node_id])
+        background.add_task(apply_pending, request.app.state.engine, request.app.state.settings, [result.node_id])
     return ReportAccepted(
         node=result.node, verdict=result.verdict, report_verdict=result.report_verdict, action=result.action
     )
