@@ -1,8 +1,10 @@
 """Many rows into several tables in as few statements as the backend allows.
 
-On PostgreSQL every write is ``INSERT … SELECT FROM unnest(<one array parameter per column>)`` (short,
-prepared once, any row count), and all of them are data-modifying CTEs of one statement: one round
-trip. On SQLite (in-process, no round trips) each is one cached Core ``executemany``. Upserts update
+On PostgreSQL every write is ``INSERT … SELECT FROM json_populate_recordset(NULL::<table>, <one JSON
+text>)``: short, prepared once, any row count; the rows travel as one JSON document that the standard
+library writes at C speed and PostgreSQL converts to the columns' own types (an array parameter per
+column cost more in the driver's per-element dumping than the database spent on the rows). All the
+writes are data-modifying CTEs of one statement: one round trip. On SQLite (in-process, no round trips) each is one cached Core ``executemany``. Upserts update
 every column but the primary key. Callers pass rows of one shape per table, sorted by primary key
 (writers that take their rows in one order do not deadlock one another), and at most one row per key
 for an upsert (PostgreSQL refuses to update a row twice in one statement).
@@ -11,6 +13,7 @@ for an upsert (PostgreSQL refuses to update a row twice in one statement).
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -18,9 +21,6 @@ from sqlalchemy.engine import Connection
 Write = tuple[Any, list[dict[str, Any]], bool]  # (SQLModel table class, rows of one shape, upsert)
 
 _STATEMENTS: dict[tuple[Any, ...], Any] = {}
-_PG_ARRAY_TYPES = {
-    "INTEGER": "int4", "BIGINT": "int8", "BIGINTEGER": "int8", "FLOAT": "float8", "BOOLEAN": "bool", "JSON": "json",
-}  # fmt: skip
 
 
 def write_rows(conn: Connection, writes: list[Write]) -> None:
@@ -31,34 +31,29 @@ def write_rows(conn: Connection, writes: list[Write]) -> None:
     if conn.dialect.name == "postgresql":
         key = ("pg", tuple((w[0].__name__, tuple(w[1][0]), w[2]) for w in writes))
         if key not in _STATEMENTS:
-            parts = [_pg_insert_sql(m, tuple(rows[0]), up, f"w{i}_") for i, (m, rows, up) in enumerate(writes)]
+            parts = [_pg_insert_sql(m, tuple(rows[0]), up, f"w{i}") for i, (m, rows, up) in enumerate(writes)]
             ctes = ", ".join(f"w{i} AS ({sql} RETURNING 1)" for i, sql in enumerate(parts[:-1]))
             _STATEMENTS[key] = (f"WITH {ctes} " if ctes else "") + parts[-1]
-        params: dict[str, Any] = {}
-        for i, (model, rows, _up) in enumerate(writes):
-            table: Any = model.__table__
-            for k in rows[0]:
-                as_json = _pg_array_type(table.c[k]) == "json"
-                params[f"w{i}_{k}"] = [json.dumps(r[k]) if as_json and r[k] is not None else r[k] for r in rows]
+        params = {f"w{i}": json.dumps(rows, default=_json_value) for i, (_m, rows, _up) in enumerate(writes)}
         conn.exec_driver_sql(_STATEMENTS[key], params)
         return
     for model, rows, upsert in writes:
         conn.execute(_sqlite_statement(model, tuple(rows[0]), upsert), rows)
 
 
-def _pg_array_type(column: Any) -> str:
-    name = type(column.type).__name__.upper()
-    if name == "UTCDATETIME":
-        return "timestamptz"
-    return _PG_ARRAY_TYPES.get(name, "text")
+def _json_value(value: Any) -> Any:
+    """Timestamps as ISO 8601 with their zone (a naive one is UTC, as :class:`UtcDateTime` has it)."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
+    raise TypeError(f"{type(value).__name__} is not a column value")
 
 
-def _pg_insert_sql(model: Any, keys: tuple[str, ...], upsert: bool, prefix: str) -> str:
+def _pg_insert_sql(model: Any, keys: tuple[str, ...], upsert: bool, param: str) -> str:
     table: Any = model.__table__
     pk = [c.name for c in table.primary_key.columns]
     cols = ", ".join(f'"{k}"' for k in keys)
-    arrays = ", ".join(f"%({prefix}{k})s::{_pg_array_type(table.c[k])}[]" for k in keys)
-    sql = f"INSERT INTO {table.name} ({cols}) SELECT * FROM unnest({arrays})"  # noqa: S608 - our own names
+    rows = f'json_populate_recordset(NULL::"{table.name}", %({param})s::json)'
+    sql = f"INSERT INTO {table.name} ({cols}) SELECT {cols} FROM {rows}"  # noqa: S608 - our own names
     if upsert:
         sets = ", ".join(f'"{k}" = EXCLUDED."{k}"' for k in keys if k not in pk)
         sql += f" ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {sets}"

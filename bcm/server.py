@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -31,6 +32,21 @@ def prepare(settings: Settings) -> tuple[Engine, str | None]:
     return engine, token_file
 
 
+# The cyclic garbage collector runs after every 700 net allocations by default, and a health report
+# makes thousands of objects (a validated model per GPU) that live until their batch is written: at 50
+# agents the collections cost three times the validation itself (measured: 1.35 ms of CPU per report's
+# validation, 0.41 ms with these thresholds). Objects are still freed by reference counting at once;
+# only cycles wait longer.
+GC_THRESHOLDS = (100_000, 50, 1000)
+
+
+def tune_gc() -> None:
+    """Keep everything loaded at start out of the collector's scans; collect cycles less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def serve(settings: Settings) -> None:
     uvicorn_level = logs.configure(settings.log_level)
     engine, token_file = prepare(settings)
@@ -46,6 +62,7 @@ def serve(settings: Settings) -> None:
         log.info("PXE on %s (%s mode), boot scripts at %s", settings.pxe.interface, settings.pxe.mode,
                  pxe.server_url(settings))  # fmt: skip
     app = create_app(settings, engine)
+    tune_gc()
     uvicorn.run(
         app,
         host=settings.host,

@@ -153,6 +153,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     from bcm.api.v1 import power
 
+    # first: the busiest route (every node, every interval); routes are matched in order
+    app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
     from bcm.api.boot import images as boot_images
     from bcm.api.v1 import discovered, images, pxe
@@ -162,7 +164,6 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
     for tenancy_router in (tenancy.departments, tenancy.projects, tenancy.router):
         app.include_router(tenancy_router, prefix="/api/v1", responses=ERRORS)
-    app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
     app.include_router(metrics.router, responses=ERRORS)  # GET /metrics (viewer+)
     app.include_router(boot_images.router, responses=ERRORS)  # GET /boot/v1/images/… (no token, no secrets)
     from bcm.api.boot import pxe as boot_pxe

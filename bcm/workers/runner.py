@@ -21,13 +21,15 @@ from typing import Any
 
 import anyio
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from bcm import db_errors
 from bcm.db import session_scope
 from bcm.domain.naming import fold_hostlist
+from bcm.errors import BcmError
 from bcm.models.base import utcnow
 from bcm.models.node import VerbResult
-from bcm.models.operation import OpState
+from bcm.models.operation import Operation, OpState
 from bcm.services import health as health_svc
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
@@ -37,6 +39,11 @@ log = logging.getLogger("bcm.workers")
 
 # job(runner, op_id, names, actor) -> None; it records results and finishes the operation itself
 Job = Callable[["Runner", int, list[str], str], Awaitable[None]]
+# setup(session, op) -> names to lock (None: the names given), in the transaction that creates the
+# operation; raising there creates nothing (a 404/409 for the caller)
+Setup = Callable[[Session, Operation], "list[str] | None"]
+# on_error(session, message): in the transaction that fails the operation (an error or its timeout)
+OnError = Callable[[Session, str], None]
 JOBS: dict[str, Job] = {}
 # how long a job may run for n nodes (its node locks last as long, plus a margin)
 Timeout = Callable[[Settings, int], float]
@@ -131,12 +138,8 @@ class Runner:
             return await provision_verb(self, verb, names, actor, reason)
         if verb in JOBS:
             timeout_s = TIMEOUTS[verb](self.settings, len(names))
-            op_id = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason, timeout_s)
-            task = asyncio.create_task(self._run(JOBS[verb], op_id, names, actor, timeout_s))
-            self.tasks.add(task)
-            self.running[op_id] = task
-            task.add_done_callback(self.tasks.discard)
-            task.add_done_callback(lambda _t: self.running.pop(op_id, None))
+            op_id, names = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason, timeout_s)
+            self._spawn(op_id, self._run(JOBS[verb], op_id, names, actor, timeout_s))
             return VerbResult(
                 verb=verb, nodes=[{"name": n, "status": "started"} for n in names], operation_id=op_id
             )
@@ -146,17 +149,38 @@ class Runner:
         return VerbResult(verb=verb, nodes=moved)
 
     async def operation(
-        self, kind: str, names: list[str], actor: str, reason: str | None, fn: Job, timeout_s: float | None = None
+        self,
+        kind: str,
+        names: list[str],
+        actor: str,
+        reason: str | None,
+        fn: Job,
+        timeout_s: float | None = None,
+        *,
+        setup: Setup | None = None,
+        on_error: OnError | None = None,
     ) -> int:
-        """Run ``fn`` as an operation that moves no lifecycle state (power …): same row, locks and release."""
+        """Run ``fn`` as an operation that moves no lifecycle state (power, deploys …).
+
+        One transaction creates the row, runs ``setup`` (which may name the nodes to lock) and locks
+        the nodes for ``timeout_s`` plus a margin; then ``fn`` runs in a task bounded by ``timeout_s``.
+        Whatever ends it (its own finish, an error, its timeout, a cancel, the server stopping), the
+        operation is closed and the locks are released; ``on_error`` settles what the job leaves behind
+        when it fails.
+        """
         timeout_s = timeout_s or fan_out_timeout(self.settings, len(names))
-        op_id = await anyio.to_thread.run_sync(self._start_job, kind, names, actor, reason, timeout_s, False)
-        task = asyncio.create_task(self._run(fn, op_id, names, actor, timeout_s))
+        op_id, names = await anyio.to_thread.run_sync(
+            self._start_job, kind, names, actor, reason, timeout_s, False, setup
+        )
+        self._spawn(op_id, self._run(fn, op_id, names, actor, timeout_s, on_error))
+        return op_id
+
+    def _spawn(self, op_id: int, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         self.running[op_id] = task
         task.add_done_callback(self.tasks.discard)
         task.add_done_callback(lambda _t: self.running.pop(op_id, None))
-        return op_id
 
     async def cancel(self, op_id: int, actor: str) -> None:
         """Stop an operation: closed as cancelled, locks released; its task here (if any) is stopped."""
@@ -205,13 +229,24 @@ class Runner:
             return [{"name": n.name, "status": "ok", "state": n.provision_state} for n in nodes]
 
     def _start_job(
-        self, verb: str, names: list[str], actor: str, reason: str | None, timeout_s: float, transition: bool = True
-    ) -> int:
+        self,
+        verb: str,
+        names: list[str],
+        actor: str,
+        reason: str | None,
+        timeout_s: float,
+        transition: bool = True,
+        setup: Setup | None = None,
+    ) -> tuple[int, list[str]]:
         """Record the operation and lock its nodes in one transaction (in a worker thread)."""
         with session_scope(self.engine) as s:
             op = op_svc.create(s, verb, fold_hostlist(names), len(names), actor)
             op.log = f"{verb} {fold_hostlist(names)} by {actor}" + (f": {reason}" if reason else "") + "\n"
             assert op.id is not None
+            if setup is not None and (chosen := setup(s, op)) is not None:
+                names = chosen
+                op.targets, op.progress_total = fold_hostlist(names), len(names)
+                s.add(op)
             owner = op_svc.lock_owner(op.id)
             # lock first, then check legality: nothing starts if any node may not take the verb
             node_svc.acquire_locks(s, names, owner, ttl_s=timeout_s + LOCK_MARGIN_S)
@@ -219,9 +254,11 @@ class Runner:
             for node, target in moves:
                 node.target_state = target.value
                 s.add(node)
-            return op.id
+            return op.id, names
 
-    async def _run(self, fn: Job, op_id: int, names: list[str], actor: str, timeout_s: float) -> None:
+    async def _run(
+        self, fn: Job, op_id: int, names: list[str], actor: str, timeout_s: float, on_error: OnError | None = None
+    ) -> None:
         owner = op_svc.lock_owner(op_id)
         cancelled = False
         try:
@@ -229,26 +266,30 @@ class Runner:
                 await fn(self, op_id, names, actor)
         except TimeoutError:
             log.warning("operation %s timed out after %.0f s", op_id, timeout_s)
-            await anyio.to_thread.run_sync(self._fail, op_id, f"timed out after {timeout_s:.0f} s")
+            await anyio.to_thread.run_sync(self._fail, op_id, f"timed out after {timeout_s:.0f} s", on_error)
         except asyncio.CancelledError:
             # stopping (SIGTERM) or cancelled: close it here and now, without waiting for a thread
             cancelled = True
             self._close(op_id, names, "interrupted: the server stopped while it ran")
             raise
+        except BcmError as exc:  # a job's own refusal: its message, no traceback
+            await anyio.to_thread.run_sync(self._fail, op_id, exc.message, on_error)
         except Exception as exc:  # a job bug must still close its operation
             log.exception("operation %s failed", op_id)
             err = db_errors.translate(exc)
             message = err.message if err is not None else f"{type(exc).__name__}: {exc}"
-            await anyio.to_thread.run_sync(self._fail, op_id, message)
+            await anyio.to_thread.run_sync(self._fail, op_id, message, on_error)
         finally:
             if not cancelled:
                 await anyio.to_thread.run_sync(self._release, names, owner)
 
-    def _fail(self, op_id: int, error: str) -> None:
+    def _fail(self, op_id: int, error: str, on_error: OnError | None = None) -> None:
         with session_scope(self.engine) as s:
             op = op_svc.get(s, op_id)
             if not op_svc.is_finished(op):
                 op_svc.finish(s, op, error)
+            if on_error is not None:
+                on_error(s, error)
 
     def _close(self, op_id: int, names: list[str], why: str) -> None:
         try:

@@ -11,38 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from bcm.db import session_scope
 from bcm.domain.naming import fold_hostlist
 from bcm.drivers import wlm
 from bcm.drivers.ssh import SshClient, Target
 from bcm.errors import BcmError, Conflict, DriverError
+from bcm.models.operation import Operation
 from bcm.models.wlm import WlmDeployRequest, WlmStarted, WlmState
 from bcm.services import events
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.services import wlm as svc
 from bcm.settings import Settings
+from bcm.workers.runner import Runner
 
 log = logging.getLogger("bcm.wlm")
 
 DEPLOY_TIMEOUT_S = 1800.0
 REGISTER_TIMEOUT_S = 90.0
 VERIFY_TIMEOUT_S = 120.0
+# a deploy's own bound (its locks last as long): the playbook, registration, the verification job
+OPERATION_TIMEOUT_S = DEPLOY_TIMEOUT_S + REGISTER_TIMEOUT_S + VERIFY_TIMEOUT_S + 300.0
 RESUME_WAIT_S = 30.0
 SYNC_INTERVAL_S = 30.0
-
-
-def _spawn(runner: Any, coro: Awaitable[None]) -> None:
-    """Run a job as a task the server's Runner cancels on shutdown."""
-    task = asyncio.ensure_future(coro)
-    runner.tasks.add(task)
-    task.add_done_callback(runner.tasks.discard)
 
 
 def _ssh(settings: Settings) -> SshClient:
@@ -61,61 +59,36 @@ def _controller(engine: Engine, settings: Settings, name: str) -> tuple[wlm.Work
 # ---- deploy ----------------------------------------------------------------------------------------
 
 
-async def start_deploy(runner: Any, kind: str, req: WlmDeployRequest, actor: str) -> WlmStarted:
-    """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background."""
-    engine, settings = runner.engine, runner.settings
+async def start_deploy(runner: Runner, kind: str, req: WlmDeployRequest, actor: str) -> WlmStarted:
+    """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background.
 
-    def begin() -> tuple[int, list[str]]:
-        with session_scope(engine) as s:
-            row = svc.plan_deploy(s, kind, req, actor)
-            ctl = svc.controller_target(s, row)[0]
-            members = svc.member_names(s, row)
-            hosts = list(dict.fromkeys([ctl, *members]))
-            op = op_svc.create(s, "wlm.deploy", fold_hostlist(hosts), len(hosts), actor)
-            assert op.id is not None
-            # owned by the operation: an interrupted or cancelled deploy releases them with it
-            node_svc.acquire_locks(s, hosts, op_svc.lock_owner(op.id))
-            svc.keep_secrets(settings.state_dir, kind, req)
-            nodes = fold_hostlist(members)
-            op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {nodes} by {actor}\n"
-            row.last_deploy_op = op.id
-            s.add(row)
-            return op.id, hosts
+    The operation's lifecycle is the Runner's (:meth:`bcm.workers.runner.Runner.operation`): its row and
+    the locks of the controller and members in one transaction, a bound on its time, and whatever ends
+    it, the locks released; a failed deploy also leaves the cluster ``failed``, never ``deploying``.
+    """
+    settings = runner.settings
 
-    op_id, hosts = await anyio.to_thread.run_sync(begin)
-    owner = op_svc.lock_owner(op_id)
-    _spawn(runner, _guard(engine, op_id, hosts, owner, req.name, _deploy(runner, op_id, req, actor)))
+    def setup(s: Session, op: Operation) -> list[str]:
+        row = svc.plan_deploy(s, kind, req, actor)
+        ctl = svc.controller_target(s, row)[0]
+        members = svc.member_names(s, row)
+        svc.keep_secrets(settings.state_dir, kind, req)
+        op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {fold_hostlist(members)} by {actor}\n"
+        row.last_deploy_op = op.id
+        s.add(row)
+        return list(dict.fromkeys([ctl, *members]))
+
+    def failed(s: Session, message: str) -> None:
+        if svc.get(s, req.name).state == WlmState.DEPLOYING:
+            svc.finish_deploy(s, req.name, ok_nodes=[], failed={}, error=message, actor="bcm")
+
+    async def job(r: Runner, op_id: int, _hosts: list[str], job_actor: str) -> None:
+        await _deploy(r, op_id, req, job_actor)
+
+    op_id = await runner.operation(
+        "wlm.deploy", [], actor, None, job, OPERATION_TIMEOUT_S, setup=setup, on_error=failed
+    )
     return WlmStarted(cluster=req.name, operation_id=op_id)
-
-
-async def _guard(
-    engine: Engine, op_id: int, hosts: list[str], owner: str, cluster: str, work: Awaitable[None]
-) -> None:
-    """Whatever happens in ``work``, close the operation, settle the cluster state, release the locks."""
-    try:
-        await work
-    except Exception as exc:  # a bug or an unexpected driver failure must still close the operation
-        if not isinstance(exc, BcmError):
-            log.exception("wlm operation %s failed", op_id)
-        message = exc.message if isinstance(exc, BcmError) else f"{type(exc).__name__}: {exc}"
-
-        def fail() -> None:
-            with session_scope(engine) as s:
-                op = op_svc.get(s, op_id)
-                if not op_svc.is_finished(op):
-                    op_svc.finish(s, op, message)
-                row = svc.get(s, cluster)
-                if row.state == WlmState.DEPLOYING:
-                    svc.finish_deploy(s, cluster, ok_nodes=[], failed={}, error=message, actor="bcm")
-
-        await anyio.to_thread.run_sync(fail)
-    finally:
-
-        def release() -> None:
-            with session_scope(engine) as s:
-                node_svc.release_locks(s, hosts, owner)
-
-        await anyio.to_thread.run_sync(release)
 
 
 async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) -> None:
@@ -241,29 +214,26 @@ def _store_states(engine: Engine, name: str, states: dict[str, str]) -> None:
 # ---- verify ----------------------------------------------------------------------------------------
 
 
-async def start_verify(runner: Any, name: str | None, actor: str) -> WlmStarted:
-    engine = runner.engine
+async def start_verify(runner: Runner, name: str | None, actor: str) -> WlmStarted:
+    """A verification job on a deployed cluster (no node locks: it only submits a job)."""
+    picked: list[str] = []
 
-    def begin() -> tuple[int, str, list[str]]:
-        with session_scope(engine) as s:
-            row = svc.pick(s, name)
-            if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
-                raise Conflict(f"cluster {row.name} is {row.state}: deploy it before verifying")
-            members = svc.member_names(s, row)
-            op = op_svc.create(s, "wlm.verify", fold_hostlist(members), len(members), actor)
-            op_svc.start(s, op)
-            row.last_verify_op = op.id
-            s.add(row)
-            assert op.id is not None
-            return op.id, row.name, members
+    def setup(s: Session, op: Operation) -> None:
+        row = svc.pick(s, name)
+        if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
+            raise Conflict(f"cluster {row.name} is {row.state}: deploy it before verifying")
+        members = svc.member_names(s, row)
+        op.targets, op.progress_total = fold_hostlist(members), len(members)
+        op_svc.start(s, op)
+        row.last_verify_op = op.id
+        s.add(row)
+        picked.append(row.name)
 
-    op_id, cluster, _members = await anyio.to_thread.run_sync(begin)
+    async def job(r: Runner, op_id: int, _names: list[str], job_actor: str) -> None:
+        await _verify(r, op_id, picked[0], job_actor, record_on_op=True)
 
-    async def work() -> None:
-        await _verify(runner, op_id, cluster, actor, record_on_op=True)
-
-    _spawn(runner, _guard(engine, op_id, [], "", cluster, work()))
-    return WlmStarted(cluster=cluster, operation_id=op_id)
+    op_id = await runner.operation("wlm.verify", [], actor, None, job, VERIFY_TIMEOUT_S + 120, setup=setup)
+    return WlmStarted(cluster=picked[0], operation_id=op_id)
 
 
 async def _verify(runner: Any, op_id: int, name: str, actor: str, *, record_on_op: bool) -> wlm.VerifyResult:

@@ -46,3 +46,10 @@ def test_a_real_health_report_is_measured_right() -> None:
     report = json.dumps(dict(collect(nv, 8, hostname="x")))
     nv.shutdown()
     assert json_depth(report.encode()) == parsed_depth(json.loads(report))
+
+
+def test_a_limit_stops_the_count_one_past_it() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert json_depth(deep, 32) == 33
+    assert json_depth(b'{"a": [1, {"b": "[[[["}]}', 32) == 3
+    assert json_depth(b"[[[", 32) == 0  # unbalanced: left to the parser

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, Field
+from sqlmodel import Session
 
 from bcm.api.deps import Admin, SessionDep, actor
 from bcm.api.params import Name
-from bcm.db import session_scope
-from bcm.domain.naming import expand_hostlist, fold_hostlist
+from bcm.domain.naming import expand_hostlist
 from bcm.errors import InvalidInput
+from bcm.models.operation import Operation
 from bcm.services import agents as svc
 from bcm.services import nodes as node_svc
-from bcm.services import operations as op_svc
+from bcm.workers.runner import Runner
 
 router = APIRouter(tags=["agents"])
 
@@ -49,7 +48,6 @@ def node_token(name: Name, session: SessionDep, token: Admin) -> NodeTokenCreate
 @router.post("/agents/deploy", response_model=AgentDeployStarted, status_code=status.HTTP_202_ACCEPTED)
 async def deploy_agents(body: AgentDeployRequest, request: Request, token: Admin) -> AgentDeployStarted:
     settings = request.app.state.settings
-    engine = request.app.state.engine
     url = body.server_url or settings.pxe.server_url
     if not url:
         raise InvalidInput(
@@ -61,35 +59,13 @@ async def deploy_agents(body: AgentDeployRequest, request: Request, token: Admin
     names = expand_hostlist(body.nodes, "nodes")
     who = actor(token)
 
-    def create() -> int:
-        with session_scope(engine) as s:
-            node_svc.get_many(s, names)  # NotFound names every unknown node
-            op = op_svc.create(s, "agent_deploy", fold_hostlist(names), len(names), who)
-            assert op.id is not None
-            return op.id
+    def setup(s: Session, _op: Operation) -> None:
+        node_svc.get_many(s, names)  # NotFound names every unknown node; nothing is created then
 
-    op_id = await asyncio.to_thread(create)
-    task = asyncio.create_task(_run(engine, settings, op_id, names, spec, who))
-    runner = getattr(request.app.state, "runner", None)
-    if runner is not None:  # tracked so that shutdown cancels it
-        runner.tasks.add(task)
-        task.add_done_callback(runner.tasks.discard)
+    async def job(runner: Runner, op_id: int, node_names: list[str], job_actor: str) -> None:
+        await svc.deploy(runner.engine, runner.settings, op_id, node_names, spec, job_actor)
+
+    # the Runner's lifecycle: row and node locks in one transaction, bounded in time, always released
+    runner: Runner = request.app.state.runner
+    op_id = await runner.operation("agent_deploy", names, who, None, job, setup=setup)
     return AgentDeployStarted(operation_id=op_id, nodes=names)
-
-
-async def _run(
-    engine: Any, settings: Any, op_id: int, names: list[str], spec: svc.DeploySpec, who: str
-) -> None:
-    try:
-        await svc.deploy(engine, settings, op_id, names, spec, who)
-    except Exception as exc:  # a job bug must still close its operation
-        error = f"{type(exc).__name__}: {exc}"
-
-        def fail() -> None:
-            with session_scope(engine) as s:
-                op = op_svc.get(s, op_id)
-                if not op_svc.is_finished(op):
-                    op_svc.finish(s, op, error)
-
-        await asyncio.to_thread(fail)
-        logging.getLogger("bcm.agents").exception("agent deploy %s failed", op_id)

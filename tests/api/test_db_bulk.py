@@ -1,0 +1,74 @@
+"""bcm.db_bulk.write_rows against the real databases (SQLite and PostgreSQL): what goes in comes back with
+its types — timestamps (naive ones are UTC), JSON columns, floats, big counters, NULLs, text that needs
+quoting — several tables in one call, and an upsert replaces every column but the key."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from bcm.db_bulk import write_rows
+from bcm.models.health import GpuHealth, HealthSample, NodeHealth
+
+
+def a_node(engine: Engine, api: Any) -> int:
+    r = api.post("/api/v1/nodes", json={"name": "bulk01"})
+    assert r.status_code == 201, r.text
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT id FROM node WHERE name = 'bulk01'")).scalar_one())
+
+
+def test_rows_come_back_with_their_types(api: Any, engine: Engine) -> None:
+    node = a_node(engine, api)
+    aware = datetime(2026, 12, 4, 3, 0, 1, 123456, tzinfo=timezone(timedelta(hours=2)))
+    naive = datetime(2026, 12, 4, 1, 0, 2)
+    samples = [
+        {"node_id": node, "uuid": "GPU-a'b\"c\\d", "gpu_index": 0, "time": aware, "verdict": "OK",
+         "temperature_c": 41, "power_draw_w": 312.75, "utilization_gpu_pct": 99, "memory_used_mib": 80_000,
+         "ecc_sbe_volatile": 2**62, "ecc_dbe_volatile": 0, "xid": None},
+        {"node_id": node, "uuid": "GPU-ü", "gpu_index": 1, "time": naive, "verdict": "FAIL",
+         "temperature_c": None, "power_draw_w": None, "utilization_gpu_pct": None, "memory_used_mib": None,
+         "ecc_sbe_volatile": None, "ecc_dbe_volatile": None, "xid": 79},
+    ]  # fmt: skip
+    findings = [{"code": "xid", "detail": {"xid": 79, "text": "fell off the bus"}}]
+    health = [{"node_id": node, "verdict": "FAIL", "findings": findings, "last_report_at": naive,
+               "updated_at": aware, "consecutive_ok": 0, "gpu_count": 2, "drained_by_bcm": True,
+               "action_attempts": 0, "samples_since_prune": 2}]  # fmt: skip
+    with engine.begin() as conn:
+        write_rows(conn, [(NodeHealth, health, True), (HealthSample, samples, False)])
+    with Session(engine) as s:
+        got = s.exec(select(HealthSample).order_by(HealthSample.gpu_index)).scalars().all()  # type: ignore[call-overload]
+        assert [g.uuid for g in got] == ["GPU-a'b\"c\\d", "GPU-ü"]
+        assert got[0].time == aware and got[0].time.utcoffset() is not None
+        assert got[1].time == naive.replace(tzinfo=UTC)
+        assert got[0].power_draw_w == 312.75 and got[0].ecc_sbe_volatile == 2**62
+        assert got[1].temperature_c is None and got[1].xid == 79
+        nh = s.get(NodeHealth, node)
+        assert nh is not None and nh.findings == findings and nh.verdict == "FAIL" and nh.drained_by_bcm is True
+        assert nh.last_report_at == naive.replace(tzinfo=UTC)
+
+
+def test_upsert_replaces_every_column_but_the_key(api: Any, engine: Engine) -> None:
+    node = a_node(engine, api)
+    now = datetime.now(UTC)
+
+    def gpus(verdict: str, reasons: Any) -> list[dict[str, Any]]:
+        return [{"node_id": node, "index": i, "uuid": f"GPU-{i}", "verdict": verdict, "reasons": reasons, "xid_count": 0,
+                 "sampled_at": now} for i in range(3)]  # fmt: skip
+
+    with engine.begin() as conn:
+        write_rows(conn, [(GpuHealth, gpus("OK", None), True)])
+    with engine.begin() as conn:
+        write_rows(conn, [(GpuHealth, gpus("WARN", [{"code": "temp"}]), True)])
+    with Session(engine) as s:
+        rows = s.exec(select(GpuHealth).order_by(GpuHealth.index)).scalars().all()  # type: ignore[call-overload]
+        assert [(r.index, r.verdict, r.reasons) for r in rows] == [(i, "WARN", [{"code": "temp"}]) for i in range(3)]
+
+
+def test_nothing_to_write_is_no_statement(engine: Engine) -> None:
+    with engine.begin() as conn:
+        write_rows(conn, [(HealthSample, [], False)])  # no rows: nothing sent, nothing fails
