@@ -7,9 +7,18 @@ processes (the same client for both, so client cost cancels out), each downloadi
 times to /dev/null. Prints MiB/s for each and the ratio; asserts nothing (goal: bcm >= 0.9x nginx).
 Needs nginx (`apt-get install nginx-light`; installed here when missing and run as root).
 
-VM power-on → booted against a raw dnsmasq + nginx boot (the other half of the boot benchmark) is not
-measured yet: see tests/lab/test_pxe.py for the real boot, which prints its power-on → booted time.
-Usage: .venv/bin/python bench/boot.py [--clients 16] [--size-mb 256] [--rounds 4]
+``--part vm`` (root; a lab): VM power-on → booted. A lab with one qemu VM behind a BMC emulator
+(`bcm lab up --vms 1 --discover-vms`), the `lab` image (`bcm image build lab`), then:
+  bcm: `bcm node provision` (next boot PXE and a power cycle through the BMC) → dnsmasq run by bcm →
+       iPXE script from bcm → kernel, initramfs, root image and the node's overlay from bcm → the node's
+       `bcm-hello` callback → `booted`; timed from the verb to `booted`.
+  raw: bcm's PXE off; plain dnsmasq (the LAB.md recipe) and nginx serve the same kernel, initramfs and root
+       image, a static iPXE script with the same kernel command line, and an overlay holding only the same
+       `bcm-hello` service pointed at nginx; power-on through the same BMC, timed to the callback's request
+       in nginx's log.
+Prints both and the ratio (goal: bcm <= 1.1x raw). TCG VMs: minutes per boot.
+Usage: .venv/bin/python bench/boot.py [--part serve,vm] [--clients 16] [--size-mb 256] [--rounds 4]
+    [--boots 1]
 """
 
 from __future__ import annotations
@@ -101,12 +110,7 @@ def download(url: str, clients: int, rounds: int, size: int) -> float:
     return clients * rounds * size / (1 << 20) / elapsed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--size-mb", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
+def serving(args: argparse.Namespace) -> None:
     nginx = ensure_nginx()
     with tempfile.TemporaryDirectory(prefix="bcm-bootbench-") as tmp:
         work = Path(tmp)
@@ -140,6 +144,188 @@ def main() -> None:
     for k in ("nginx", "bcm"):
         print(f"  {k:6s} {best[k]:8.0f} MiB/s   (runs: {', '.join(f'{x:.0f}' for x in results[k])})")
     print(f"  bcm/nginx = {best['bcm'] / best['nginx']:.2f}x   (goal >= 0.9x)")
+
+
+# ---- (b) VM power-on → booted ---------------------------------------------------------------------------
+
+LAB, SUBNET, HEAD, RANGE = "bootbench", "198.18.90.0/24", "198.18.90.1", "198.18.90.100-198.18.90.150"
+BOOT_WAIT_S = 1200
+
+RAW_DNSMASQ = """# the LAB.md recipe: DHCP and TFTP for PXE only, nothing else
+port=0
+interface={interface}
+bind-interfaces
+except-interface=lo
+pid-file={dir}/dnsmasq.pid
+dhcp-leasefile={dir}/dnsmasq.leases
+dhcp-range={start},{end},255.255.255.0,1h
+dhcp-option=option:router
+dhcp-option=option:dns-server
+enable-ra
+dhcp-range=2001:2::,ra-only,64
+enable-tftp
+tftp-root=/usr/lib/ipxe
+dhcp-userclass=set:ipxe,iPXE
+dhcp-match=set:ipxe,175
+dhcp-match=set:efi64,option:client-arch,7
+dhcp-match=set:efi64,option:client-arch,9
+dhcp-boot=tag:ipxe,http://{head}:{port}/boot.ipxe
+dhcp-boot=tag:!ipxe,tag:efi64,ipxe.efi
+dhcp-boot=tag:!ipxe,tag:!efi64,undionly.kpxe
+"""
+
+RAW_NGINX = """
+worker_processes 2;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {dir}/access.log;
+    sendfile on;
+    tcp_nopush on;
+    server {{
+        listen {head}:{port};
+        root {root};
+        location / {{ }}
+    }}
+}}
+"""
+
+
+def vm_boot(args: argparse.Namespace) -> None:
+    import io
+    import json
+    import tarfile
+
+    from bcm.devserver import BCM, REPO
+    from bcm.lab import vm
+    from bcm.services.render import render
+    from bcm.settings import PxeSettings
+
+    if os.geteuid() != 0:
+        sys.exit("--part vm needs root (network namespaces, dnsmasq, qemu)")
+    nginx = ensure_nginx()
+    work = Path(tempfile.mkdtemp(prefix="bcm-bootbench-vm-"))
+    server = Server(work / "state", host="0.0.0.0")
+
+    def cli(*a: str, timeout: float = 1800) -> str:
+        done = subprocess.run([*BCM, *a], env=server.env(), cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"bcm {' '.join(a)} failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+        return done.stdout
+
+    procs: list[subprocess.Popen[bytes]] = []
+    bcm_s: list[float] = []
+    raw_s: list[float] = []
+    try:
+        server.start()
+        cli("lab", "up", "--nodes", "1", "--gpus", "0", "--vms", "1", "--discover-vms", "--name", LAB,
+            "--subnet", SUBNET)  # fmt: skip
+        cli("image", "build", "lab", timeout=3600)
+        image = json.loads(cli("image", "show", "lab", "--json"))
+        cli("pxe", "enable", "--interface", f"{LAB}-prov", "--address", HEAD, "--range", RANGE)
+        lab_dir = server.state_dir / "lab" / LAB
+        (machine,) = vm.load(lab_dir)
+        cli("lab", "vm-power", "on", "--pxe", "--name", LAB)
+        cli("node", "discovered", "--wait", "1", "--timeout", str(BOOT_WAIT_S), timeout=BOOT_WAIT_S + 60)
+        cli("node", "assign", machine.mac, "--name", "bb01", "--image", "lab")
+        cli("lab", "vm-bmc", machine.name, "bb01", "--name", LAB)
+        for _ in range(args.boots):  # bcm: the verb → `booted`
+            t0 = time.monotonic()
+            cli("node", "provision", "bb01", "--wait", "--timeout", str(BOOT_WAIT_S), timeout=BOOT_WAIT_S + 60)
+            bcm_s.append(time.monotonic() - t0)
+            print(f"bcm: provision → booted in {bcm_s[-1]:.1f} s", flush=True)
+
+        # raw: bcm's PXE off, the VM off; plain dnsmasq and nginx serve the same files
+        cli("pxe", "disable")
+        cli("lab", "vm-power", "off", "--name", LAB)
+        raw = work / "raw"
+        root = raw / "www"
+        root.mkdir(parents=True)
+        vdir = server.state_dir / "images" / "lab" / image["version"]
+        files = {a["kind"]: a for a in image["artifacts"]}
+        for kind, target in (("kernel", "vmlinuz"), ("initramfs", "initrd.img"), ("rootfs", "rootfs.squashfs")):
+            os.link(vdir / files[kind]["filename"], root / target)  # same disk, same bytes
+        port = free_port()
+        url = f"http://{HEAD}:{port}"
+        ctx = {"node": "bb01", "server_url": url, "head": HEAD, "hosts": []}
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for path, text, mode in (
+                ("usr/local/sbin/bcm-hello", render("overlay/usr/local/sbin/bcm-hello.j2", **ctx), 0o755),
+                ("etc/systemd/system/bcm-hello.service",
+                 render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx), 0o644),
+            ):  # fmt: skip
+                info = tarfile.TarInfo(path)
+                info.size, info.mode = len(text.encode()), mode
+                tar.addfile(info, io.BytesIO(text.encode()))
+            link = tarfile.TarInfo("etc/systemd/system/multi-user.target.wants/bcm-hello.service")
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc/systemd/system/bcm-hello.service"
+            tar.addfile(link)
+        (root / "overlay.tar.gz").write_bytes(buf.getvalue())
+        cmdline = " ".join([
+            f"bcm.root={url}/rootfs.squashfs", f"bcm.root_sha256={files['rootfs']['sha256']}",
+            f"bcm.overlay={url}/overlay.tar.gz", f"bcm.server={url}", "bcm.node=bb01", f"bcm.mac={machine.mac}",
+            "bcm.token=raw", PxeSettings().kernel_args,
+        ])  # fmt: skip
+        (root / "boot.ipxe").write_text(
+            f"#!ipxe\nkernel --name vmlinuz {url}/vmlinuz initrd=initrd.img {cmdline}\n"
+            f"initrd --name initrd.img {url}/initrd.img\nboot\n"
+        )
+        start, end = RANGE.split("-")
+        (raw / "dnsmasq.conf").write_text(RAW_DNSMASQ.format(interface=f"{LAB}-prov", dir=raw, start=start, end=end,
+                                                             head=HEAD, port=port))  # fmt: skip
+        (raw / "nginx.conf").write_text(RAW_NGINX.format(dir=raw, head=HEAD, port=port, root=root))
+        procs.append(subprocess.Popen([nginx, "-c", str(raw / "nginx.conf"), "-g", "daemon off;"]))
+        procs.append(subprocess.Popen(["dnsmasq", "--keep-in-foreground", "--conf-file=" + str(raw / "dnsmasq.conf")]))
+        time.sleep(1)
+        for _ in range(args.boots):
+            log = raw / "access.log"
+            seen = log.read_text().count("POST /boot/v1/hello") if log.exists() else 0
+            t0 = time.monotonic()
+            cli("lab", "vm-power", "on", "--pxe", "--name", LAB)
+            give_up = t0 + BOOT_WAIT_S
+            while time.monotonic() < give_up:
+                if log.exists() and log.read_text().count("POST /boot/v1/hello") > seen:
+                    break
+                time.sleep(0.5)
+            else:
+                raise SystemExit(f"raw boot: no callback within {BOOT_WAIT_S} s; serial: {lab_dir}/vms")
+            raw_s.append(time.monotonic() - t0)
+            print(f"raw: power-on → callback in {raw_s[-1]:.1f} s", flush=True)
+            cli("lab", "vm-power", "off", "--name", LAB)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        subprocess.run([*BCM, "lab", "down", "--name", LAB], env=server.env(), cwd=REPO, capture_output=True,
+                       timeout=300, check=False)  # fmt: skip
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    b, r = min(bcm_s), min(raw_s)
+    print(f"VM power-on → booted, 1 TCG VM ({os.cpu_count()} cores), best of {args.boots}:")
+    print(f"  raw (dnsmasq + nginx)  {r:7.1f} s   (runs: {', '.join(f'{x:.1f}' for x in raw_s)})")
+    print(f"  bcm                    {b:7.1f} s   (runs: {', '.join(f'{x:.1f}' for x in bcm_s)})")
+    print(f"  bcm/raw = {b / r:.2f}x   (goal <= 1.1x)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", default="serve", help="serve (artifact throughput), vm (boot time), or both")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--size-mb", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--boots", type=int, default=1, help="vm: boots of each kind")
+    args = ap.parse_args()
+    parts = args.part.split(",")
+    if unknown := set(parts) - {"serve", "vm"}:
+        raise SystemExit(f"unknown part {sorted(unknown)}")
+    if "serve" in parts:
+        serving(args)
+    if "vm" in parts:
+        vm_boot(args)
 
 
 if __name__ == "__main__":

@@ -256,9 +256,13 @@ def vm_bmc(
     state_dir: StateDir = None,
     name: Name = "bcmlab",
 ) -> None:
-    """Give a node the BMC settings of the lab VM it is (address, protocol, user, password)."""
+    """Give a node the BMC settings of the lab VM it is (address, protocol, user, password); the node
+    counts among the lab's own from then on (a Slurm deploy onto lab nodes takes the lab's settings)."""
+    from bcm.lab import accounting
+
     v = _vms(state_dir, name, [vm_name])[0]
     c = client()
     c.patch(f"/api/v1/nodes/{node}", {"bmc_address": v.bmc.address, "bmc_protocol": v.bmc.kind, "bmc_user": v.bmc.user})
     c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": node, "password": v.bmc.password})
+    accounting.add_slurm_nodes(_lab(state_dir, name).state_dir, [node])
     out.print(f"{node}: BMC of {v.name} ({v.bmc.kind} {v.bmc.address})")

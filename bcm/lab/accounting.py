@@ -164,6 +164,18 @@ def write_slurm_defaults(state_dir: Path, nodes: list[str], settings: dict[str, 
     _write_private(state_dir / SETTINGS_FILE, json.dumps({"nodes": nodes, "settings": settings}, indent=2))
 
 
+def add_slurm_nodes(state_dir: Path, nodes: list[str]) -> bool:
+    """Count ``nodes`` (a lab VM that became a node) among the lab's own for a Slurm deploy; False when
+    the lab recorded no Slurm settings."""
+    path = state_dir / SETTINGS_FILE
+    if not path.exists():
+        return False
+    data = json.loads(path.read_text())
+    data["nodes"] = list(dict.fromkeys([*data["nodes"], *nodes]))
+    _write_private(path, json.dumps(data, indent=2))
+    return True
+
+
 def slurm_defaults(state_dir: Path) -> tuple[list[str], dict[str, Any], str | None]:
     """(lab node names, Slurm settings, accounting password) recorded by ``bcm lab up``."""
     data = json.loads((state_dir / SETTINGS_FILE).read_text())

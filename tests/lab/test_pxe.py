@@ -2,8 +2,8 @@
 interface, two qemu VMs (unknown MACs, behind an IPMI and a Redfish BMC emulator) that PXE-boot from qemu's
 iPXE ROM, the discovery image, `bcm node assign`, `bcm node provision` (BMC: next boot PXE, power-cycle),
 a stateless boot of an image built by `bcm image build`, the callback, and an SSH inventory with the host
-key bcm pinned before the first contact. (Joining the lab's Slurm from VMs is not covered yet: the lab's Slurm
-settings share one munged socket among namespace nodes, which a VM does not have.)
+key bcm pinned before the first contact, and `bcm wlm deploy slurm` with a namespace node as the controller
+and the two VMs as its nodes (Ansible over SSH, registration, the verification job).
 
 Every step is a documented command (`bcm lab up --vms 2 --discover-vms`, `bcm lab vm-power on --pxe`,
 `bcm node discovered|assign|provision`, `bcm lab vm-bmc`, `bcm pxe enable`); TCG VMs are slow, so
@@ -151,3 +151,16 @@ def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_p
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert ssh.returncode == 0 and ssh.stdout.strip() == name, ssh.stderr
+
+    # they join the lab's Slurm: node01 (a namespace node) runs slurmctld and slurmdbd, the two booted VMs
+    # are its nodes (`bcm lab vm-bmc` counted them among the lab's nodes, so the lab's settings apply)
+    run.cli("node", "inventory", "node01", timeout=600)
+    done = run.cli("wlm", "deploy", "slurm", "--name", "pxe", "--controller", "node01", "--nodes", "pxn[01-02]",
+                   "--json", timeout=3600, check=False)  # fmt: skip
+    op = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    assert done.returncode == 0 and op.get("state") == "succeeded", (
+        done.stderr[-2000:], op.get("error"), op.get("results"), (op.get("log") or "")[-4000:],
+    )  # fmt: skip
+    assert "verify: passed" in op["log"], op["log"][-3000:]
+    cluster = run.json("wlm", "status", "pxe")
+    assert {m["name"]: m["wlm_state"] for m in cluster["members"]} == {"pxn01": "idle", "pxn02": "idle"}, cluster
