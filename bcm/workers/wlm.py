@@ -164,7 +164,11 @@ async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) ->
             _store_states, engine, req.name, {k: v.state for k, v in states.items()}
         )
     verify_error = None
-    if error is None and req.verify and deployed:
+    unregistered = [n for n in deployed if per_host[n]["status"] != "ok"]
+    if error is None and req.verify and unregistered:
+        # a job on nodes the controller does not see would only say "nodes are busy"
+        log_text += f"verify: skipped: {fold_hostlist(unregistered)} did not register with the controller\n"
+    elif error is None and req.verify and deployed:
         # the deploy is recorded first, so the verify job sees the cluster as deployed
         await anyio.to_thread.run_sync(
             _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text

@@ -112,8 +112,8 @@ def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_p
     for i, v in enumerate(sorted(vms, key=lambda x: x.name), 1):
         name = f"pxn{i:02d}"
         names[name] = v
-        node = run.json("node", "assign", v.mac, "--name", name, "--image", IMAGE)
-        assert node["provision_state"] == "registered"
+        node = run.json("node", "assign", v.mac, "--name", name, "--category", "gpu", "--image", IMAGE)
+        assert node["provision_state"] == "registered" and node["category"] == "gpu", node
         run.cli("lab", "vm-bmc", v.name, name, "--name", NAME)
     assert run.json("node", "discovered") == []
 
@@ -158,9 +158,23 @@ def test_discover_assign_provision_boot_inventory_and_join_slurm(run: Run, tmp_p
     done = run.cli("wlm", "deploy", "slurm", "--name", "pxe", "--controller", "node01", "--nodes", "pxn[01-02]",
                    "--json", timeout=3600, check=False)  # fmt: skip
     op = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
-    assert done.returncode == 0 and op.get("state") == "succeeded", (
-        done.stderr[-2000:], op.get("error"), op.get("results"), (op.get("log") or "")[-4000:],
-    )  # fmt: skip
+    if done.returncode != 0 or op.get("state") != "succeeded":
+        print("deploy:", done.stderr[-2000:], op.get("error"), json.dumps(op.get("results"), indent=1),
+              (op.get("log") or "")[-4000:], sep="\n")  # fmt: skip
+        for argv in (["sinfo", "-N", "-o", "%N %T %E"], ["scontrol", "show", "node"],
+                     ["tail", "-n", "60", "/var/log/slurm/slurmctld.log"]):  # fmt: skip
+            shown = run.lab.run("node01", argv, timeout=60)
+            print("node01$", *argv, shown.stdout, shown.stderr, sep="\n")
+        for name in names:
+            ip = run.json("node", "show", name)["interfaces"][0]["ip"]
+            shown = subprocess.run(
+                ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                 "-o", f"UserKnownHostsFile={tmp_path / f'kh-{name}'}", "-o", "ConnectTimeout=10", f"root@{ip}",
+                 "tail -n 40 /var/log/slurm/slurmd.log; systemctl --no-pager status slurmd munge | tail -n 30"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            print(f"{name}$ slurmd.log", shown.stdout, shown.stderr, sep="\n")
+    assert done.returncode == 0 and op.get("state") == "succeeded", (op.get("error"), op.get("results"))
     assert "verify: passed" in op["log"], op["log"][-3000:]
     cluster = run.json("wlm", "status", "pxe")
     assert {m["name"]: m["wlm_state"] for m in cluster["members"]} == {"pxn01": "idle", "pxn02": "idle"}, cluster
