@@ -45,6 +45,16 @@ def test_lab_recipe_carries_what_the_lab_rootfs_has() -> None:
     assert set(PACKAGES) <= set(recipes["base"].packages) | set(recipes["lab"].packages)
 
 
+def test_every_image_with_slurmd_and_systemd_has_the_system_bus() -> None:
+    # measured on a PXE-booted VM: without dbus, slurmd's cgroup/v2 plugin cannot make its scope and
+    # slurmd exits ("cannot connect to dbus system daemon … slurmd initialization failed")
+    recipes = load_recipes(IMAGES)
+    for name in recipes:
+        packages = {p for r in chain(recipes, name) for p in r.packages}
+        if "slurmd" in packages and "systemd" in packages:
+            assert "dbus" in packages, name
+
+
 def test_layer_keys_change_from_the_changed_layer_up() -> None:
     recipes = load_recipes(IMAGES)
     layers = chain(recipes, "cuda-toolkit")
