@@ -51,3 +51,18 @@ def test_nodes_outside_the_lab_get_no_lab_settings(tmp_path: Path) -> None:
     lab_file.write_text(json.dumps(data))
     done = deploy(tmp_path)
     assert done.returncode == 1 and "cannot reach" in done.stderr and "lab bcmlab" not in done.stderr
+
+
+def test_a_vm_that_became_a_node_counts_among_the_lab_nodes(tmp_path: Path) -> None:
+    """`bcm lab vm-bmc VM NODE` records NODE with the lab (accounting.add_slurm_nodes): a deploy onto it
+    then takes the lab's settings, where before it was "outside the lab"."""
+    record_lab(tmp_path, {**accounting.LAB_SLURM_SETTINGS, "storage_user": "u1", "storage_loc": "db1"}, "pw")
+    lab_dir = tmp_path / "lab" / "bcmlab"
+    data = json.loads((lab_dir / accounting.SETTINGS_FILE).read_text())
+    data["nodes"] = ["node01", "node02"]
+    (lab_dir / accounting.SETTINGS_FILE).write_text(json.dumps(data))
+    assert "lab bcmlab" not in deploy(tmp_path).stderr
+    assert accounting.add_slurm_nodes(lab_dir, ["node03", "node02"]) is True
+    assert accounting.slurm_defaults(lab_dir)[0] == ["node01", "node02", "node03"]  # once each, in order
+    assert "lab bcmlab: lab Slurm settings" in deploy(tmp_path).stderr
+    assert accounting.add_slurm_nodes(tmp_path / "no-such-lab", ["x"]) is False
