@@ -13,6 +13,7 @@ from bcm import logs
 from bcm.api.app import create_app
 from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
+from bcm.pathsend import PathsendProtocol
 from bcm.services import auth, categories
 from bcm.settings import Settings
 
@@ -69,6 +70,7 @@ def serve(settings: Settings) -> None:
         port=settings.port,
         log_level=uvicorn_level,
         access_log=False,
+        http=PathsendProtocol,  # whole boot artifacts by sendfile(2) (bcm.pathsend)
         # a request line may carry a long hostlist (8192 characters, percent-encoded up to 3 bytes each)
         h11_max_incomplete_event_size=64 * 1024,
     )

@@ -4,7 +4,8 @@ Series keep dcgm-exporter's names (``DCGM_FI_DEV_GPU_TEMP``, ``DCGM_FI_DEV_POWER
 ``DCGM_FI_DEV_FB_USED`` …) and labels (``gpu``, ``UUID``, ``device``, ``pci_bus_id``, ``modelName``,
 ``Hostname``), so its Grafana dashboards work unchanged; the values are the latest each agent reported.
 All are gauges, as dcgm-exporter's ECC and Xid fields are point readings (reset with the GPU). bcm adds
-``bcm_gpu_health`` and ``bcm_node_health`` (0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL), the report age and bcm's drains.
+``bcm_gpu_health`` and ``bcm_node_health`` (0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL), the report age and bcm's drains,
+and counters of the boot artifacts this process sent (``bcm_boot_artifact_bytes_total{way}``, ``…_aborted_total``).
 
 Authentication: any token of role viewer or higher (``Authorization: Bearer …``; in Prometheus,
 ``authorization: {credentials_file: …}`` in the scrape config). Node tokens are refused. At tens of
@@ -18,9 +19,10 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from bcm import pathsend
 from bcm.api.deps import SessionDep, Viewer
 from bcm.api.params import HostlistQuery
 from bcm.models.health import GpuHealth, NodeHealth
@@ -105,6 +107,22 @@ class HealthCollector(Collector):
         yield from (verdict, last, drained)
 
 
+class BootCollector(Collector):
+    """Boot artifacts this server process sent whole by sendfile(2), by the fallback copy, and cut short."""
+
+    def collect(self) -> Iterator[Any]:
+        sent = CounterMetricFamily(
+            "bcm_boot_artifact_bytes", "Boot-artifact bytes sent by pathsend, by way.", labels=["way"]
+        )
+        sent.add_metric(["sendfile"], float(pathsend.stats.sendfile_bytes))
+        sent.add_metric(["copy"], float(pathsend.stats.copied_bytes))
+        aborted = CounterMetricFamily(
+            "bcm_boot_artifact_aborted", "Boot-artifact downloads cut short (client gone or stalled)."
+        )
+        aborted.add_metric([], float(pathsend.stats.aborted))
+        yield from (sent, aborted)
+
+
 @router.get(
     "/metrics",
     response_class=Response,
@@ -122,4 +140,5 @@ def metrics(
 ) -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HealthCollector(q.metric_rows(session, nodes), q.node_metric_rows(session, nodes)))
+    registry.register(BootCollector())
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

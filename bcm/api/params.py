@@ -15,6 +15,12 @@ RowId = Annotated[int, Path(ge=1, le=INT32_MAX)]
 # names in paths: the same rule as stored names (RFC 1123 label), so odd input never reaches a query
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
+# a verb in a path (drain, power-cycle …): the route names the one it does not know, with the choices
+Verb = Annotated[str, Path(pattern=r"^[a-z][a-z-]{0,31}$", max_length=32)]
+# a workload-manager cluster: Slurm's rule ('_') or Kubernetes' ('-'), both at most 40
+ClusterName = Annotated[str, Path(pattern=r"^[a-z][a-z0-9_-]{0,39}$", max_length=40)]
+# a name as a query-string filter (e.g. ?department=): the same rule, so a NUL never reaches a query
+NameQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=63)]
 # a hostlist in a query string: short enough for any HTTP server's request line (POST bodies take more)
 # (the characters of the hostlist grammar only: bcm.domain.naming refuses anything else, `@group` included)
 HOSTLIST_PATTERN = r"^[A-Za-z0-9_.,/\[\]-]+$"

@@ -48,8 +48,9 @@ class Transfers:
 class CountedFile(FileResponse):
     """A FileResponse that gives its transfer slot back when it is done, sent or not.
 
-    Root images are hundreds of MiB: 4 MiB reads (Starlette's default is 64 KiB) cut the per-chunk
-    thread hops and ASGI messages 64-fold (bench/boot.py measures it against nginx).
+    Under ``bcm serve`` a whole file goes by ``sendfile(2)`` (``bcm.pathsend``); where the server offers no
+    ``pathsend`` (the test client, a Range request), root images of hundreds of MiB are read 4 MiB at a
+    time (Starlette's default is 64 KiB). bench/boot.py measures it against nginx.
     """
 
     chunk_size = 4 * 1024 * 1024

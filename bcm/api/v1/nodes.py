@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlmodel import Field, Session, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
-from bcm.api.params import HOSTLIST_PATTERN, HostlistQuery, Name, Offset, text_query
+from bcm.api.params import HOSTLIST_PATTERN, HostlistQuery, Name, Offset, Verb, text_query
 from bcm.domain.naming import expand_hostlist
 from bcm.models.node import (
     NodeBulkCreate,
@@ -68,7 +68,7 @@ def delete_nodes(
 
 
 @router.post("/actions/{verb}", response_model=VerbResult)
-async def node_verb(verb: str, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
+async def node_verb(verb: Verb, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
     runner = request.app.state.runner
     return await runner.verb(verb, expand_hostlist(body.nodes), actor(token), body.reason)
 

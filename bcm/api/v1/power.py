@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Request
 from sqlmodel import Field, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, actor
+from bcm.api.params import Name, Verb
 from bcm.domain.naming import expand_hostlist
 from bcm.domain.power import PowerAction
 from bcm.errors import InvalidInput
@@ -28,7 +29,7 @@ class CategoryPasswordRequest(SQLModel):
 
 
 @router.post("/nodes/actions/power-{action}", response_model=VerbResult)
-async def power_action(action: str, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
+async def power_action(action: Verb, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
     """Start a power operation (status, on, off, soft-off, cycle, pxe) on a hostlist of nodes."""
     try:
         what = PowerAction(action)
@@ -61,7 +62,7 @@ def set_category_password(
     request: Request,
     session: SessionDep,
     token: Admin,
-    name: Annotated[str, Path(max_length=63)],
+    name: Name,
 ) -> dict[str, Any]:
     """Store the BMC password a category's nodes inherit, encrypted; it is never returned."""
     svc.set_category_password(

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, status
 
 from bcm.api.deps import Caller, SessionDep, actor
-from bcm.api.params import text_query
+from bcm.api.params import Name, NameQuery, text_query
 from bcm.domain.tenancy import Action
 from bcm.models.auth import ApiToken
 from bcm.models.tenancy import (
@@ -66,7 +66,7 @@ def create_department(
 
 
 @departments.get("/{name}", response_model=DepartmentPublic)
-def get_department(name: str, session: SessionDep, token: Caller) -> DepartmentPublic:
+def get_department(name: Name, session: SessionDep, token: Caller) -> DepartmentPublic:
     row = svc.get_department(session, name)
     svc.authorize(session, token, Action.READ, row)
     return svc.department_public(session, row)
@@ -74,7 +74,7 @@ def get_department(name: str, session: SessionDep, token: Caller) -> DepartmentP
 
 @departments.patch("/{name}", response_model=DepartmentPublic)
 def update_department(
-    name: str,
+    name: Name,
     spec: DepartmentUpdate,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.UPDATE_DEPARTMENT))],
@@ -87,7 +87,7 @@ def update_department(
 
 @departments.delete("/{name}")
 def delete_department(
-    name: str, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.DELETE_DEPARTMENT))]
+    name: Name, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.DELETE_DEPARTMENT))]
 ) -> dict[str, str]:
     svc.authorize(session, token, Action.DELETE_DEPARTMENT, svc.get_department(session, name))
     svc.delete_department(session, name)
@@ -97,7 +97,7 @@ def delete_department(
 
 @departments.post("/{name}/admins", response_model=DepartmentPublic, status_code=status.HTTP_201_CREATED)
 def add_admin(
-    name: str,
+    name: Name,
     body: UserRef,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.MANAGE_ADMINS))],
@@ -111,7 +111,7 @@ def add_admin(
 
 @departments.delete("/{name}/admins/{user}", response_model=DepartmentPublic)
 def remove_admin(
-    name: str, user: str, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.MANAGE_ADMINS))]
+    name: Name, user: Name, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.MANAGE_ADMINS))]
 ) -> DepartmentPublic:
     row = svc.get_department(session, name)
     svc.authorize(session, token, Action.MANAGE_ADMINS, row)
@@ -124,7 +124,7 @@ def remove_admin(
 
 
 @projects.get("", response_model=list[ProjectPublic])
-def list_projects(session: SessionDep, token: Caller, department: str | None = None) -> list[ProjectPublic]:
+def list_projects(session: SessionDep, token: Caller, department: NameQuery = None) -> list[ProjectPublic]:
     return [svc.project_public(session, p) for p in svc.list_projects(session, token, department)]
 
 
@@ -147,13 +147,13 @@ def _project(session: SessionDep, token: Caller, name: str, action: Action) -> A
 
 
 @projects.get("/{name}", response_model=ProjectPublic)
-def get_project(name: str, session: SessionDep, token: Caller) -> ProjectPublic:
+def get_project(name: Name, session: SessionDep, token: Caller) -> ProjectPublic:
     return svc.project_public(session, _project(session, token, name, Action.READ))
 
 
 @projects.patch("/{name}", response_model=ProjectPublic)
 def update_project(
-    name: str,
+    name: Name,
     spec: ProjectUpdate,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.UPDATE_PROJECT))],
@@ -172,7 +172,7 @@ def update_project(
 
 @projects.delete("/{name}")
 def delete_project(
-    name: str, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.DELETE_PROJECT))]
+    name: Name, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.DELETE_PROJECT))]
 ) -> dict[str, str]:
     svc.delete_project(session, _project(session, token, name, Action.DELETE_PROJECT))
     events.record(session, actor(token), "project.delete", name)
@@ -180,13 +180,13 @@ def delete_project(
 
 
 @projects.get("/{name}/members", response_model=list[str])
-def list_members(name: str, session: SessionDep, token: Caller) -> list[str]:
+def list_members(name: Name, session: SessionDep, token: Caller) -> list[str]:
     return svc.members(session, _project(session, token, name, Action.READ))
 
 
 @projects.post("/{name}/members", response_model=ProjectPublic, status_code=status.HTTP_201_CREATED)
 def add_member(
-    name: str,
+    name: Name,
     body: UserRef,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.MANAGE_MEMBERS))],
@@ -199,7 +199,7 @@ def add_member(
 
 @projects.delete("/{name}/members/{user}", response_model=ProjectPublic)
 def remove_member(
-    name: str, user: str, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.MANAGE_MEMBERS))]
+    name: Name, user: Name, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.MANAGE_MEMBERS))]
 ) -> ProjectPublic:
     row = _project(session, token, name, Action.MANAGE_MEMBERS)
     svc.remove_member(session, row, user)
@@ -209,7 +209,7 @@ def remove_member(
 
 @projects.get("/{name}/usage")
 async def usage(
-    name: str,
+    name: Name,
     request: Request,
     session: SessionDep,
     token: Annotated[ApiToken, Depends(can(Action.READ_USAGE))],

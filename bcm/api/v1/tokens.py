@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from bcm.api.deps import Admin, SessionDep, actor
-from bcm.api.params import RowId
+from bcm.api.params import Name, RowId
 from bcm.errors import InvalidInput
 from bcm.models.auth import Role, TokenCreate, TokenCreated, TokenPublic, UserCreate, UserPublic
 from bcm.services import auth as svc
@@ -51,7 +51,7 @@ def create_user(spec: UserCreate, session: SessionDep, token: Admin) -> UserPubl
 
 
 @users.delete("/{name}")
-def delete_user(name: str, session: SessionDep, token: Admin) -> dict[str, str]:
+def delete_user(name: Name, session: SessionDep, token: Admin) -> dict[str, str]:
     svc.delete_user(session, name, token)
     events.record(session, actor(token), "user.delete", name, "their tokens are revoked")
     return {"deleted": name}

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request, status
 
 from bcm.api.deps import Operator, SessionDep, Viewer, actor
+from bcm.api.params import ClusterName
 from bcm.domain.naming import expand_hostlist
 from bcm.models.wlm import (
     KubernetesDeployRequest,
@@ -58,7 +59,7 @@ async def resume_nodes(body: WlmNodeRequest, request: Request, token: Operator) 
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
-def remove_cluster(name: str, session: SessionDep, request: Request, token: Operator) -> None:
+def remove_cluster(name: ClusterName, session: SessionDep, request: Request, token: Operator) -> None:
     """Forget the cluster (nodes stay registered; nothing on them is stopped); 409 while it deploys."""
     svc.remove(session, name, actor(token))
     session.commit()
@@ -66,16 +67,16 @@ def remove_cluster(name: str, session: SessionDep, request: Request, token: Oper
 
 
 @router.get("/{name}", response_model=WlmClusterDetail)
-def get_cluster(name: str, session: SessionDep, _t: Viewer) -> WlmClusterPublic:
+def get_cluster(name: ClusterName, session: SessionDep, _t: Viewer) -> WlmClusterPublic:
     return svc.to_public(session, svc.get(session, name), detail=True)
 
 
 @router.post("/{name}/verify", response_model=WlmStarted, status_code=status.HTTP_202_ACCEPTED)
-async def verify(name: str, request: Request, token: Operator) -> WlmStarted:
+async def verify(name: ClusterName, request: Request, token: Operator) -> WlmStarted:
     return await jobs.start_verify(request.app.state.runner, name, actor(token))
 
 
 @router.post("/{name}/sync")
-async def sync(name: str, request: Request, _t: Operator) -> dict[str, Any]:
+async def sync(name: ClusterName, request: Request, _t: Operator) -> dict[str, Any]:
     app = request.app
     return {"cluster": name, "states": await jobs.sync_cluster(app.state.engine, app.state.settings, name)}

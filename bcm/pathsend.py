@@ -1,0 +1,133 @@
+"""The ASGI ``http.response.pathsend`` extension for uvicorn: a whole file goes by ``sendfile(2)``.
+
+uvicorn does not implement pathsend (Granian and Hypercorn do); Starlette's ``FileResponse`` uses it
+whenever the server advertises it. This protocol advertises it on plain-TCP connections and answers a
+``pathsend`` message by copying the file from the page cache to the socket in the kernel, the way nginx
+serves a static file, instead of reading it through Python in chunks. The status line and headers stay
+uvicorn's; the body goes around its accounting, so the cycle is told the body is complete.
+
+The copy runs in a thread of its own pool (bounded: ``Transfers`` already caps concurrent downloads), on a
+``dup`` of the connection's descriptor, so a connection closed under it ends the copy with an error
+instead of writing into whatever socket reuses the number. A client that takes nothing for
+``STALL_S`` loses its download (its connection is closed), as nginx's ``send_timeout`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+log = logging.getLogger("bcm.boot")
+
+EXTENSION = "http.response.pathsend"
+STALL_S = 60
+FALLBACK_CHUNK = 4 * 1024 * 1024
+_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bcm-sendfile")
+
+
+class Stats:
+    """What this process sent by pathsend (``/metrics`` shows it): bytes by way, transfers cut short."""
+
+    sendfile_bytes = 0
+    copied_bytes = 0  # the fallback: headers still queued, or no Content-Length
+    aborted = 0
+
+
+stats = Stats()
+
+
+class PathsendProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, plus ``http.response.pathsend`` on connections without TLS."""
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if cycle.scope.get("type") == "http" and _plain_socket(self.transport) is not None:
+            cycle.scope.setdefault("extensions", {})[EXTENSION] = {}
+            cycle.send = _sender(cycle)  # type: ignore[method-assign]
+        super()._start_asgi_task(cycle, app)
+
+
+def _plain_socket(transport: Any) -> Any:
+    if transport is None or transport.get_extra_info("sslcontext") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    return sock if sock is not None and hasattr(sock, "fileno") else None
+
+
+def _sender(cycle: RequestResponseCycle) -> Any:
+    send = RequestResponseCycle.send.__get__(cycle)
+
+    async def send_with_pathsend(message: Any) -> None:
+        if message.get("type") != "http.response.pathsend":
+            await send(message)
+            return
+        await _pathsend(cycle, send, message["path"])
+
+    return send_with_pathsend
+
+
+async def _pathsend(cycle: RequestResponseCycle, send: Any, path: str) -> None:
+    if not cycle.response_started or cycle.response_complete:
+        raise RuntimeError("http.response.pathsend comes after http.response.start, once")
+    size = cycle.expected_content_length
+    transport = cycle.transport
+    sock = _plain_socket(transport)
+    if cycle.chunked_encoding or sock is None or transport.is_closing() or transport.get_write_buffer_size():
+        # no Content-Length, or the headers still queued in the transport: the ordinary body path
+        await _send_chunks(send, path)
+        return
+    fd = os.dup(sock.fileno())
+    try:
+        await asyncio.get_running_loop().run_in_executor(_pool, _sendfile_all, fd, path, size)
+        stats.sendfile_bytes += size
+    except OSError as exc:  # the client went away or stalled, or the file changed size: the connection is done
+        stats.aborted += 1
+        log.info("boot artifact %s not sent whole: %s", os.path.basename(path), exc)
+        transport.close()
+        cycle.response_complete = True
+        cycle.message_event.set()
+        return
+    finally:
+        os.close(fd)
+    cycle.expected_content_length = 0  # the body went by sendfile, around the cycle's own count
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send_chunks(send: Any, path: str) -> None:
+    loop = asyncio.get_running_loop()
+    with open(path, "rb") as f:
+        while True:
+            chunk = await loop.run_in_executor(_pool, f.read, FALLBACK_CHUNK)
+            more = len(chunk) == FALLBACK_CHUNK
+            stats.copied_bytes += len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            if not more:
+                return
+
+
+def _sendfile_all(out_fd: int, path: str, size: int) -> None:
+    """``size`` bytes of ``path`` to the non-blocking socket ``out_fd``, waiting for room with poll."""
+    poller = select.poll()
+    poller.register(out_fd, select.POLLOUT)
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            try:
+                sent = os.sendfile(out_fd, f.fileno(), offset, size - offset)
+            except BlockingIOError:
+                sent = None
+            if sent == 0:
+                raise ConnectionError(f"the file ended at {offset} of {size} bytes")
+            if sent:
+                offset += sent
+                continue
+            ready = poller.poll(STALL_S * 1000)
+            if not ready:
+                raise TimeoutError(f"the client took nothing for {STALL_S} s")
+            if ready[0][1] & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                raise ConnectionResetError("the client closed the connection")

@@ -1,0 +1,114 @@
+"""Boot artifacts from a real `bcm serve`: whole files go by sendfile(2) (bcm.pathsend) and arrive intact,
+keep-alive survives it, a Range request still works, and a client that leaves mid-download gives its
+transfer slot back. The image is published by the images service (as in tests/api/test_pxe_api.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlmodel import Session
+
+from bcm.db import make_engine
+from bcm.devserver import Server
+from bcm.drivers import imagebuild
+from bcm.services import images as image_svc
+from bcm.settings import Settings
+
+SIZE = 24 << 20
+
+
+def publish(state: Path) -> tuple[str, bytes]:
+    """Version 1 of image ``art`` with a random root image of SIZE bytes; its path and its bytes."""
+    settings = Settings(state_dir=state)
+    engine = make_engine(settings.effective_database_url, settings.db)
+    data = os.urandom(SIZE)
+    with Session(engine) as s:
+        image = image_svc.begin_build(s, "art", None, "test")
+        staging = image_svc.staging_dir(settings.images_dir, "art", image.version, 1)
+        staging.mkdir(parents=True)
+        found = []
+        for kind, filename, body in (("kernel", "vmlinuz", b"k"), ("initramfs", "initramfs.img", b"i"),
+                                     ("rootfs", "rootfs.squashfs", data)):  # fmt: skip
+            (staging / filename).write_bytes(body)
+            found.append(imagebuild.Artifact(kind, filename, len(body), hashlib.sha256(body).hexdigest()))
+        image_svc.publish(s, image, staging, settings.images_dir, found, {}, 3)
+        s.commit()
+        path = f"/boot/v1/images/art/{image.version}/rootfs.squashfs"
+    engine.dispose()
+    return path, data
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Server, str, bytes]]:
+    server = Server(tmp_path / "state", extra_env={"BCM_IMAGES__MAX_TRANSFERS": "1"})
+    server.start()
+    try:
+        path, data = publish(server.state_dir)
+        yield server, path, data
+    finally:
+        server.stop()
+
+
+def counters(server: Server) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"}).text
+    found = re.findall(r'^bcm_boot_artifact_(bytes_total\{way="\w+"\}|aborted_total) (\S+)$', text, re.M)
+    return {k: float(v) for k, v in found}
+
+
+def test_whole_files_go_by_sendfile_on_one_kept_alive_connection(served: tuple[Server, str, bytes]) -> None:
+    server, path, data = served
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        for _ in range(2):  # the second answer on the same connection proves the cycle was closed properly
+            conn.request("GET", path)
+            r = conn.getresponse()
+            body = r.read()
+            assert r.status == 200
+            assert int(r.headers["content-length"]) == SIZE
+            assert hashlib.sha256(body).digest() == hashlib.sha256(data).digest()
+        assert r.headers.get("connection", "").lower() != "close"
+    finally:
+        conn.close()
+    got = counters(server)
+    assert got['bytes_total{way="sendfile"}'] == 2 * SIZE
+    assert got['bytes_total{way="copy"}'] == 0
+    assert got["aborted_total"] == 0
+
+
+def test_a_range_still_answers(served: tuple[Server, str, bytes]) -> None:
+    server, path, data = served
+    r = httpx.get(f"{server.url}{path}", headers={"Range": "bytes=1000-1999"})
+    assert r.status_code == 206 and r.content == data[1000:2000]
+    assert counters(server)['bytes_total{way="sendfile"}'] == 0  # a range is not a whole-file send
+
+
+def test_a_client_that_leaves_mid_download_gives_its_slot_back(served: tuple[Server, str, bytes]) -> None:
+    server, path, data = served
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # close = RST
+    sock.close()
+    # the only transfer slot (MAX_TRANSFERS=1) comes back once the server sees the reset: bounded wait
+    status = 0
+    for _ in range(100):
+        r = httpx.get(f"{server.url}{path}", timeout=30)
+        status = r.status_code
+        if status != 503:
+            break
+        time.sleep(0.1)
+    assert status == 200
+    assert hashlib.sha256(r.content).digest() == hashlib.sha256(data).digest()
+    got = counters(server)
+    assert got["aborted_total"] == 1
+    assert got['bytes_total{way="sendfile"}'] == SIZE
