@@ -19,6 +19,7 @@ import logging
 import os
 import select
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -31,12 +32,13 @@ FALLBACK_CHUNK = 4 * 1024 * 1024
 _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bcm-sendfile")
 
 
+@dataclass
 class Stats:
     """What this process sent by pathsend (``/metrics`` shows it): bytes by way, transfers cut short."""
 
-    sendfile_bytes = 0
-    copied_bytes = 0  # the fallback: headers still queued, or no Content-Length
-    aborted = 0
+    sendfile_bytes: int = 0
+    copied_bytes: int = 0  # the fallback: headers still queued, or no Content-Length
+    aborted: int = 0
 
 
 stats = Stats()
