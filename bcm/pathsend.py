@@ -6,7 +6,7 @@ whenever the server advertises it. This protocol advertises it on plain-TCP conn
 serves a static file, instead of reading it through Python in chunks. The status line and headers stay
 uvicorn's; the body goes around its accounting, so the cycle is told the body is complete.
 
-The copy runs in a thread of its own pool (bounded: ``Transfers`` already caps concurrent downloads), on a
+The copy runs in a thread of its own pool (one thread per transfer ``images.max_transfers`` allows), on a
 ``dup`` of the connection's descriptor, so a connection closed under it ends the copy with an error
 instead of writing into whatever socket reuses the number. A client that takes nothing for
 ``STALL_S`` loses its download (its connection is closed), as nginx's ``send_timeout`` does.
@@ -29,7 +29,15 @@ log = logging.getLogger("bcm.boot")
 EXTENSION = "http.response.pathsend"
 STALL_S = 60
 FALLBACK_CHUNK = 4 * 1024 * 1024
-_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bcm-sendfile")
+_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bcm-sendfile")
+
+
+def size_pool(transfers: int) -> None:
+    """One copying thread per download ``images.max_transfers`` lets run at once, so no download waits
+    for a thread while it holds its transfer slot (threads start only when needed)."""
+    global _pool
+    old, _pool = _pool, ThreadPoolExecutor(max_workers=transfers, thread_name_prefix="bcm-sendfile")
+    old.shutdown(wait=False)
 
 
 @dataclass

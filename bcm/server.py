@@ -13,7 +13,7 @@ from bcm import logs
 from bcm.api.app import create_app
 from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
-from bcm.pathsend import PathsendProtocol
+from bcm.pathsend import PathsendProtocol, size_pool
 from bcm.services import auth, categories
 from bcm.settings import Settings
 
@@ -63,6 +63,7 @@ def serve(settings: Settings) -> None:
         log.info("PXE on %s (%s mode), boot scripts at %s", settings.pxe.interface, settings.pxe.mode,
                  pxe.server_url(settings))  # fmt: skip
     app = create_app(settings, engine)
+    size_pool(settings.images.max_transfers)
     tune_gc()
     uvicorn.run(
         app,
