@@ -124,7 +124,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.state.engine = engine
     app.state.auth_failures = AuthFailures(settings.http.auth_failures_per_minute)
     app.add_middleware(
-        BodyLimits, max_body_bytes=settings.http.max_body_bytes, max_json_depth=settings.http.max_json_depth
+        BodyLimits,
+        max_body_bytes=settings.http.max_body_bytes,
+        max_json_depth=settings.http.max_json_depth,
+        self_limited=frozenset({boot_agent.REPORT_PATH}),
     )
     app.add_exception_handler(BcmError, _bcm_error)
     responses.install(app)

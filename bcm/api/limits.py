@@ -112,11 +112,20 @@ class AuthFailures:
 class BodyLimits:
     """ASGI middleware: bound the body, its JSON nesting and (under /api/) its control characters."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_json_depth: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, max_json_depth: int, self_limited: frozenset[str] = frozenset()
+    ) -> None:
         self.app, self.max_body_bytes, self.max_json_depth = app, max_body_bytes, max_json_depth
+        # paths whose route caps its own body and parses it in pydantic's JSON parser (Rust, its nesting
+        # bounded at 200, no Python recursion): no second read and scan of every agent report
+        self.self_limited = self_limited
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if (
+            scope["type"] != "http"
+            or scope["method"] in ("GET", "HEAD", "OPTIONS")
+            or scope["path"] in self.self_limited
+        ):
             await self.app(scope, receive, send)
             return
         try:

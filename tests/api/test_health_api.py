@@ -212,6 +212,27 @@ def test_malformed_or_oversize_reports_are_422_and_store_nothing(
     assert hapi.get("/api/v1/health").json()["nodes_never_reported"] == 1
 
 
+def test_report_streamed_past_the_cap_or_nested_deep_is_refused_and_stores_nothing(
+    hapi: Any, engine: Engine
+) -> None:
+    """The report route reads and caps its own body (no Content-Length to trust when it is streamed) and
+    leaves nesting to pydantic's parser: a 4xx naming the body, never a 5xx, and nothing stored."""
+    add_nodes(hapi, engine, "gpu01")
+    tok = node_token(hapi, "gpu01")
+    headers = {"Authorization": f"Bearer {tok}", "Content-Type": "application/json"}
+
+    def chunks() -> Any:
+        for _ in range(MAX_REPORT_BYTES // 65536 + 2):
+            yield b" " * 65536
+
+    r = hapi.post(REPORT_URL, content=chunks(), headers=headers)
+    assert r.status_code == 413 and r.json()["error"] == "PayloadTooLarge", r.text
+    deep = json.dumps(report("gpu01"))[:-1] + ', "nested": ' + "[" * 5000 + "]" * 5000 + "}"  # past any limit
+    r = post(hapi, tok, deep.encode())
+    assert r.status_code == 422 and r.json()["field"] == "body", r.text
+    assert count(engine, HealthSample) == 0 and count(engine, HealthEvent) == 0
+
+
 def test_missing_gpu_against_inventory_fails_node(hapi: Any, engine: Engine) -> None:
     add_nodes(hapi, engine, "gpu01")
     with engine.begin() as conn:  # database before: inventory found 4 GPUs

@@ -2,36 +2,35 @@
 
 Only a node's own agent token is accepted; the node is known from the token, never from the body
 (a report naming another host is refused with 403). The body is capped at ``MAX_REPORT_BYTES``
-before it is parsed; an oversize or malformed report is a 422 and nothing is stored.
+before it is parsed (413 beyond it); a malformed report is a 422; either way nothing is stored.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, BackgroundTasks, Depends, Request, status
+from fastapi import APIRouter, Request, status
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 
 from bcm.api.deps import bearer
 from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
-from bcm.errors import BcmError, InvalidInput, Unauthorized
+from bcm.errors import BcmError, InvalidInput, PayloadTooLarge, Unauthorized
 from bcm.models.health import ReportAccepted
 
 router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
+REPORT_PATH = "/boot/v1/agent/report"  # capped here, parsed by pydantic: exempt from BodyLimits
 
 
 async def capped_body(request: Request) -> bytes:
-    """The request body, refused (422) as soon as it passes MAX_REPORT_BYTES."""
+    """The request body, refused (413) as soon as it passes MAX_REPORT_BYTES."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > MAX_REPORT_BYTES:
-        raise InvalidInput(
-            f"report of {declared} bytes exceeds the limit of {MAX_REPORT_BYTES}", field="body"
-        )
+        raise PayloadTooLarge(f"report of {declared} bytes exceeds the limit of {MAX_REPORT_BYTES}")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_REPORT_BYTES:
-            raise InvalidInput(f"report exceeds the limit of {MAX_REPORT_BYTES} bytes", field="body")
+            raise PayloadTooLarge(f"report exceeds the limit of {MAX_REPORT_BYTES} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -55,20 +54,22 @@ def bearer_present(request: Request) -> None:
     "/report",
     response_model=ReportAccepted,
     status_code=status.HTTP_202_ACCEPTED,
-    dependencies=[Depends(bearer_present)],
 )
-async def report(
-    body: Annotated[bytes, Depends(capped_body)],
-    request: Request,
-    background: BackgroundTasks,
-) -> ReportAccepted:
+async def report(request: Request) -> Response:
     """Store a node's health report (its own node only) and judge it.
 
     The report is validated here, then written with the others that arrive meanwhile
     (:class:`bcm.workers.ingest.IngestQueue`: one transaction checks every token and stores every report
     of a batch); the answer comes once this report is committed. A wrong token is a 401 even when the
-    report is malformed too.
+    report is malformed too; no token at all is a 401 before the body is read.
+
+    The busiest route (every node, every interval) takes only the request and answers a ready
+    ``Response``: no dependencies to solve and no response model pass (about a third of its cost).
     """
+    bearer_present(request)
+    token = bearer(request)
+    assert token is not None
+    body = await capped_body(request)
     failures = request.app.state.auth_failures
     client = request.client.host if request.client else "unknown"
     failures.check(client)
@@ -76,18 +77,18 @@ async def report(
         parsed: HealthReport | BcmError = parse_report(body)
     except InvalidInput as exc:
         parsed = exc
-    token = bearer(request)
-    assert token is not None  # bearer_present
     try:
         result = await request.app.state.ingest.submit(token, parsed)
     except Unauthorized as exc:
         failures.failed(client, request.url.path, exc.message)
         raise
+    background = None
     if result.action is not None:
         # runs after the response; the decision was committed with the report
         from bcm.workers.health import apply_pending
 
-        background.add_task(apply_pending, request.app.state.engine, request.app.state.settings, [result.node_id])
-    return ReportAccepted(
-        node=result.node, verdict=result.verdict, report_verdict=result.report_verdict, action=result.action
-    )
+        state = request.app.state
+        background = BackgroundTask(apply_pending, state.engine, state.settings, [result.node_id])
+    accepted = {"node": result.node, "verdict": result.verdict, "report_verdict": result.report_verdict,
+                "action": result.action}  # fmt: skip
+    return JSONResponse(accepted, status_code=status.HTTP_202_ACCEPTED, background=background)
