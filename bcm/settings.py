@@ -43,6 +43,8 @@ class HealthSettings(BaseModel):
     # reports waiting to be written (beyond: 503 + Retry-After) and reports per write transaction
     ingest_queue: int = Field(default=5000, ge=1, le=1_000_000)
     ingest_batch: int = Field(default=500, ge=1, le=10_000)
+    # processes that parse, judge and write reports (0: a worker thread of the server process)
+    ingest_processes: int = Field(default=0, ge=0, le=64)
 
 
 class HttpSettings(BaseModel):

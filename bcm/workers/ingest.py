@@ -1,8 +1,8 @@
 """Health reports written in batches: many agents' reports per transaction, each answered once it is stored.
 
-A request parses and validates its report (a 422 needs no database), then hands it to
-:class:`IngestQueue` and waits. One flusher takes whatever has gathered (up to ``batch`` reports) and,
-in one worker thread and one transaction, checks every token of the batch in one query, judges every
+A request hands its report to :class:`IngestQueue` and waits. A flusher takes whatever has gathered (up
+to ``batch`` reports) and, in one writer and one transaction, checks every token of the batch in one
+query, validates every report (a 422 for one that fails, after its token), judges every
 report and writes them all (:func:`bcm.services.health.ingest_many`), commits, and answers each waiting
 request with its own result or its own error (a foreign host, a revoked token). While one batch is being
 written the next one gathers, so the batch grows with the load and no report waits for a timer.
@@ -11,6 +11,15 @@ The guarantee: a 202 is sent only after the transaction holding that report has 
 PostgreSQL with ``synchronous_commit`` as the server has it (on by default: flushed to the WAL), on
 SQLite in WAL mode. A report that cannot be stored is never acknowledged: the agent gets the error (503
 with Retry-After when the database is away), keeps the report and sends a newer one next interval.
+
+Where the work runs: with ``health.ingest_processes`` = 0, in a worker thread of the server; with N > 0,
+in N processes of their own (each with its own database engine), so that parsing, judging and writing
+reports use other cores than the one the server's event loop answers HTTP on: the request hands the raw
+body over and the writer parses and validates it (in a thread the request parses it). Either way the
+token is checked first, so a wrong token is a 401 even for a malformed report. Up to N + 1 batches are
+written at once (N working, one waiting for the first free process); a node's report
+never goes into a batch while another of its reports is being written, so each meets the state the one
+before left. A writer process that dies fails its batch with a 503 and is replaced.
 
 Back-pressure: at most ``queue`` reports wait; beyond that a report is refused at once with 503 and
 Retry-After, never dropped silently. A batch that fails on a constraint (a node deleted while its report
@@ -21,17 +30,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import anyio
+from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from bcm import db_errors
 from bcm.db import session_scope
 from bcm.domain.health_report import HealthReport
-from bcm.errors import BcmError, Unavailable
+from bcm.errors import BcmError, InvalidInput, Unavailable
 from bcm.models.auth import ApiToken
 from bcm.models.base import utcnow
 from bcm.services import auth
@@ -44,11 +59,14 @@ log = logging.getLogger("bcm.health")
 TOKEN_TOUCH_EVERY = timedelta(minutes=5)
 RETRY_AFTER_S = 1
 
+Report = bytes | HealthReport | BcmError  # raw body, already parsed, or the reason it cannot be
+Answer = svc.IngestResult | BcmError
+
 
 @dataclass
 class _Item:
     token: str
-    report: HealthReport | BcmError  # a report that failed validation still needs its token checked first
+    report: Report  # a report that failed validation still needs its token checked first
     future: asyncio.Future[svc.IngestResult] = field(repr=False)
 
 
@@ -57,14 +75,21 @@ class IngestQueue:
         self.engine, self.settings = engine, settings
         self.capacity = settings.health.ingest_queue
         self.batch = settings.health.ingest_batch
+        self.processes = settings.health.ingest_processes
+        # batches being written at once: one per process and one more, waiting, so that a process that
+        # finishes starts the next at once; in a thread one (the requests parse while it commits)
+        self.in_flight = self.processes + 1 if self.processes else 1
         self._pending: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._writing: set[asyncio.Task[None]] = set()
+        self._busy_tokens: set[str] = set()  # tokens whose report a batch being written holds
+        self._pool: ProcessPoolExecutor | None = None
         self._closed = False
         self.batches = 0  # flushed batches, for /metrics and the bench
         self.reports = 0
 
-    async def submit(self, token: str, report: HealthReport | BcmError) -> svc.IngestResult:
+    async def submit(self, token: str, report: Report) -> svc.IngestResult:
         """Store ``report`` as the node of ``token``; returns once it is committed, or raises its error."""
         if self._closed:
             raise Unavailable("the server is stopping; send the report again", retry_after=RETRY_AFTER_S)
@@ -75,37 +100,67 @@ class IngestQueue:
             )
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._flush_forever(), name="bcm-health-ingest")
+        if isinstance(report, bytes) and not self.processes:
+            report = parse_report(report)  # here, while the writer thread commits the batch before
         future: asyncio.Future[svc.IngestResult] = asyncio.get_running_loop().create_future()
         self._pending.append(_Item(token, report, future))
         self._wake.set()
         return await future
 
     async def stop(self) -> None:
-        """Refuse new reports, write the waiting ones, stop the flusher."""
+        """Refuse new reports, write the waiting ones, stop the flusher and the writer processes."""
         self._closed = True
         self._wake.set()
         if self._task is not None:
             await self._task
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     async def _flush_forever(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
-                batch, self._pending = self._pending[: self.batch], self._pending[self.batch :]
-                await self._flush(batch)
-            if self._closed:
+            while self._pending and len(self._writing) < self.in_flight:
+                batch = self._take()
+                if not batch:  # every waiting report is of a node whose report is being written
+                    break
+                task = asyncio.create_task(self._flush(batch), name="bcm-health-write")
+                self._writing.add(task)
+                task.add_done_callback(self._written)
+            if self._closed and not self._pending and not self._writing:
                 return
 
+    def _take(self) -> list[_Item]:
+        batch: list[_Item] = []
+        rest: list[_Item] = []
+        for item in self._pending:
+            if len(batch) < self.batch and item.token not in self._busy_tokens:
+                batch.append(item)
+            else:
+                rest.append(item)
+        self._pending = rest
+        self._busy_tokens.update(item.token for item in batch)
+        return batch
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self._writing.discard(task)
+        self._wake.set()
+
     async def _flush(self, batch: list[_Item]) -> None:
+        pairs = [(item.token, item.report) for item in batch]
         try:
-            results = await anyio.to_thread.run_sync(self._write, batch)
-        except Exception as exc:  # the whole transaction failed: every report gets that answer
-            err = db_errors.translate(exc)
-            if err is None:
-                log.exception("health ingest of %d reports failed", len(batch))
-                err = Unavailable("health ingest failed; send the report again", retry_after=RETRY_AFTER_S)
-            results = [err] * len(batch)
+            if self.processes > 0:
+                results = await self._in_process(pairs)
+            else:
+                results = await anyio.to_thread.run_sync(write_batch, self.engine, self.settings, pairs)
+        except Exception:  # write_batch answers every report itself; this is the hand-over failing
+            log.exception("health ingest of %d reports could not be handed to a writer", len(batch))
+            results = [Unavailable("health ingest failed; send the report again", retry_after=RETRY_AFTER_S)] * len(
+                batch
+            )
+        finally:
+            self._busy_tokens.difference_update(item.token for item in batch)
         self.batches += 1
         self.reports += len(batch)
         for item, result in zip(batch, results, strict=True):
@@ -116,38 +171,101 @@ class IngestQueue:
             else:
                 item.future.set_result(result)
 
-    def _write(self, batch: list[_Item]) -> list[svc.IngestResult | BcmError]:
+    async def _in_process(self, pairs: list[tuple[str, Report]]) -> list[Answer]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.processes,
+                mp_context=multiprocessing.get_context("spawn"),  # no fork of a threaded server
+                initializer=_writer_start,
+                initargs=(self.settings, self.engine.url.render_as_string(hide_password=False)),
+            )
         try:
-            return self._write_once(batch)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, _writer_batch, pairs)
+        except BrokenProcessPool:
+            log.error("a health ingest process died; %d reports get a 503, a new process takes over", len(pairs))
+            self._pool.shutdown(wait=False)
+            self._pool = None
+            return [Unavailable("health ingest restarted; send the report again", retry_after=RETRY_AFTER_S)] * len(
+                pairs
+            )
+
+
+# --- the writer: the same code in a worker thread of the server or in a process of its own -----------
+
+
+def write_batch(engine: Engine, settings: Settings, pairs: Sequence[tuple[str, Report]]) -> list[Answer]:
+    """Parse, check, judge and store ``pairs`` (token, report) in one transaction; one answer each, and
+    never an exception: a failed transaction gives every report its error (503 while the database is away)."""
+    items = [(token, parse_report(r) if isinstance(r, bytes) else r) for token, r in pairs]
+    try:
+        try:
+            return _write_once(engine, settings, items)
         except sa_exc.IntegrityError:
-            if len(batch) == 1:
+            if len(items) == 1:
                 raise
             # e.g. a node deleted while its report waited: the others are stored, each on its own
-            return [self._write_one(item) for item in batch]
+            return [_write_one(engine, settings, item) for item in items]
+    except Exception as exc:  # the whole transaction failed: every report gets that answer
+        err = db_errors.translate(exc)
+        if err is None:
+            log.exception("health ingest of %d reports failed", len(items))
+            err = Unavailable("health ingest failed; send the report again", retry_after=RETRY_AFTER_S)
+        return [err] * len(items)
 
-    def _write_one(self, item: _Item) -> svc.IngestResult | BcmError:
-        try:
-            return self._write_once([item])[0]
-        except Exception as exc:
-            err = db_errors.translate(exc)
-            if err is None:
-                raise
-            return err
 
-    def _write_once(self, batch: list[_Item]) -> list[svc.IngestResult | BcmError]:
-        with session_scope(self.engine) as session:
-            tokens = auth.node_tokens(session, [i.token for i in batch], utcnow() - TOKEN_TOUCH_EVERY)
-            results: list[svc.IngestResult | BcmError | None] = []
-            work: list[tuple[int, HealthReport]] = []
-            for item in batch:
-                token = tokens[item.token]
-                if isinstance(token, BcmError):
-                    results.append(token)
-                elif isinstance(item.report, BcmError):
-                    results.append(item.report)
-                else:
-                    assert isinstance(token, ApiToken) and token.node_id is not None
-                    results.append(None)
-                    work.append((token.node_id, item.report))
-            stored = iter(svc.ingest_many(session, work, self.settings.health))
-            return [r if r is not None else next(stored) for r in results]
+def parse_report(body: bytes) -> HealthReport | BcmError:
+    try:
+        return HealthReport.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid report"}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        return InvalidInput(f"{where}: {first.get('msg', 'invalid')}", field=where)
+
+
+def _write_one(engine: Engine, settings: Settings, item: tuple[str, HealthReport | BcmError]) -> Answer:
+    try:
+        return _write_once(engine, settings, [item])[0]
+    except Exception as exc:
+        err = db_errors.translate(exc)
+        if err is None:
+            raise
+        return err
+
+
+def _write_once(engine: Engine, settings: Settings, batch: list[tuple[str, HealthReport | BcmError]]) -> list[Answer]:
+    with session_scope(engine) as session:
+        tokens = auth.node_tokens(session, [token for token, _ in batch], utcnow() - TOKEN_TOUCH_EVERY)
+        results: list[Answer | None] = []
+        work: list[tuple[int, HealthReport]] = []
+        for secret, report in batch:
+            token = tokens[secret]
+            if isinstance(token, BcmError):
+                results.append(token)
+            elif isinstance(report, BcmError):
+                results.append(report)
+            else:
+                assert isinstance(token, ApiToken) and token.node_id is not None
+                results.append(None)
+                work.append((token.node_id, report))
+        stored = iter(svc.ingest_many(session, work, settings.health))
+        return [r if r is not None else next(stored) for r in results]
+
+
+_writer: dict[str, Any] = {}  # in a writer process: its settings and engine
+
+
+def _writer_start(settings: Settings, url: str) -> None:
+    """A writer process starts: the server's log level, and an engine on the server's own database."""
+    from bcm import logs
+    from bcm.db import make_engine
+
+    logs.configure(settings.log_level)
+    _writer["settings"] = settings
+    _writer["engine"] = make_engine(url, settings.db)
+    from bcm.server import tune_gc
+
+    tune_gc()  # as the server does: with the default thresholds collections cost more than the parsing
+
+
+def _writer_batch(pairs: list[tuple[str, Report]]) -> list[Answer]:
+    return write_batch(_writer["engine"], _writer["settings"], pairs)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from bcm.api.deps import bearer
-from bcm.domain.health_report import MAX_REPORT_BYTES, HealthReport
-from bcm.errors import BcmError, InvalidInput, PayloadTooLarge, Unauthorized
+from bcm.domain.health_report import MAX_REPORT_BYTES
+from bcm.errors import PayloadTooLarge, Unauthorized
 from bcm.models.health import ReportAccepted
 
 router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
@@ -35,15 +34,6 @@ async def capped_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def parse_report(body: bytes) -> HealthReport:
-    try:
-        return HealthReport.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid report"}
-        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise InvalidInput(f"{field}: {first.get('msg', 'invalid')}", field=field) from None
-
-
 def bearer_present(request: Request) -> None:
     """A request without a token is a 401 before its body is read (a wrong one is found in ``work``)."""
     if bearer(request) is None:
@@ -58,9 +48,9 @@ def bearer_present(request: Request) -> None:
 async def report(request: Request) -> Response:
     """Store a node's health report (its own node only) and judge it.
 
-    The report is validated here, then written with the others that arrive meanwhile
+    The report is parsed, validated and written with the others that arrive meanwhile
     (:class:`bcm.workers.ingest.IngestQueue`: one transaction checks every token and stores every report
-    of a batch); the answer comes once this report is committed. A wrong token is a 401 even when the
+    of a batch, in a writer thread or process); the answer comes once this report is committed. A wrong token is a 401 even when the
     report is malformed too; no token at all is a 401 before the body is read.
 
     The busiest route (every node, every interval) takes only the request and answers a ready
@@ -73,12 +63,8 @@ async def report(request: Request) -> Response:
     failures = request.app.state.auth_failures
     client = request.client.host if request.client else "unknown"
     failures.check(client)
-    try:
-        parsed: HealthReport | BcmError = parse_report(body)
-    except InvalidInput as exc:
-        parsed = exc
-    try:
-        result = await request.app.state.ingest.submit(token, parsed)
+    try:  # parsed and validated by the writer, after the token check (bcm.workers.ingest)
+        result = await request.app.state.ingest.submit(token, body)
     except Unauthorized as exc:
         failures.failed(client, request.url.path, exc.message)
         raise

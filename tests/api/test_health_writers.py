@@ -1,0 +1,89 @@
+"""Health ingest in writer processes (health.ingest_processes > 0) against the real database: raw report
+bodies are parsed, checked, judged and stored in other processes with the same answers as in the server's
+thread, and a writer process that dies costs its batch a 503, not the next reports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from bcm.errors import Forbidden, InvalidInput, Unauthorized, Unavailable
+from bcm.models.health import HealthSample
+from bcm.workers.ingest import IngestQueue
+from tests.api.test_health_api import add_nodes, node_token, report, with_xid
+from tests.api.test_health_batch import rows
+
+
+def in_processes(settings: Any, n: int) -> Any:
+    return settings.model_copy(update={"health": settings.health.model_copy(update={"ingest_processes": n})})
+
+
+def body(rep: dict[str, Any]) -> bytes:
+    return json.dumps(rep).encode()
+
+
+def test_writer_processes_answer_each_report_as_the_thread_does(api: Any, engine: Engine, settings: Any) -> None:
+    add_nodes(api, engine, "gpu[01-04]")
+    tok = {n: node_token(api, n) for n in ("gpu01", "gpu02", "gpu03", "gpu04")}
+    gpus = len(report("gpu01")["gpus"])
+    queue = IngestQueue(engine, in_processes(settings, 2))
+
+    async def go() -> list[Any]:
+        try:
+            return await asyncio.gather(*(queue.submit(t, b) for t, b in [
+                (tok["gpu01"], body(report("gpu01"))),
+                (tok["gpu02"], body(with_xid(report("gpu02")))),
+                ("bcm_not-a-token", b"{not json"),  # a wrong token beats a malformed body
+                (tok["gpu03"], body(report("gpu04"))),  # a node reporting as another
+                (tok["gpu04"], b'{"schema": 1}'),
+            ]), return_exceptions=True)  # fmt: skip
+        finally:
+            await queue.stop()
+
+    ok, fail, unknown, foreign, invalid = asyncio.run(go())
+    assert queue._pool is None  # stopped with the queue
+    assert (ok.node, ok.verdict, ok.action) == ("gpu01", "OK", None)
+    assert (fail.node, fail.verdict, fail.action) == ("gpu02", "FAIL", "drain")
+    assert isinstance(unknown, Unauthorized)
+    assert isinstance(foreign, Forbidden) and "gpu04" in foreign.message
+    assert isinstance(invalid, InvalidInput) and invalid.field, invalid
+    assert rows(engine, HealthSample, "gpu01") == gpus and rows(engine, HealthSample, "gpu02") == gpus
+    assert rows(engine, HealthSample, "gpu03") == 0 and rows(engine, HealthSample, "gpu04") == 0
+    assert api.get("/api/v1/health").json()["failing"] == ["gpu02"]
+
+
+def test_a_dead_writer_process_costs_one_503_then_a_new_one_writes(api: Any, engine: Engine, settings: Any) -> None:
+    add_nodes(api, engine, "gpu01")
+    tok = node_token(api, "gpu01")
+    gpus = len(report("gpu01")["gpus"])
+    queue = IngestQueue(engine, in_processes(settings, 1))
+
+    async def go() -> tuple[Any, Any, Any]:
+        try:
+            first = await queue.submit(tok, body(report("gpu01")))
+            assert queue._pool is not None
+            for pid in list(queue._pool._processes):  # type: ignore[attr-defined]
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(50):  # the pool notices its process is gone (bounded: 5 s)
+                if queue._pool._broken:  # type: ignore[attr-defined]
+                    break
+                await asyncio.sleep(0.1)
+            lost: Any = None
+            try:
+                await queue.submit(tok, body(report("gpu01")))
+            except Unavailable as exc:
+                lost = exc
+            again = await queue.submit(tok, body(report("gpu01")))
+            return first, lost, again
+        finally:
+            await queue.stop()
+
+    first, lost, again = asyncio.run(go())
+    assert first.node == "gpu01" and again.node == "gpu01"
+    assert isinstance(lost, Unavailable) and lost.status_code == 503 and lost.retry_after >= 1
+    assert rows(engine, HealthSample, "gpu01") == 2 * gpus  # the refused report is not stored
