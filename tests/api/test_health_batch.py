@@ -6,6 +6,7 @@ what was taken and refuses the rest."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -24,6 +25,10 @@ def parsed(body: dict[str, Any]) -> HealthReport:
     return HealthReport.model_validate(body)
 
 
+def raw(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
 def rows(engine: Engine, model: Any, node: str) -> int:
     with Session(engine) as s:
         node_id = s.execute(text("SELECT id FROM node WHERE name = :n"), {"n": node}).scalar_one()
@@ -34,31 +39,39 @@ async def submit_all(queue: IngestQueue, items: list[tuple[str, Any]]) -> list[A
     return await asyncio.gather(*(queue.submit(t, r) for t, r in items), return_exceptions=True)
 
 
-def test_reports_arriving_together_are_one_batch_with_their_own_answers(api: Any, engine: Engine, settings: Any) -> None:
-    add_nodes(api, engine, "gpu[01-04]")
-    tok = {n: node_token(api, n) for n in ("gpu01", "gpu02", "gpu03", "gpu04")}
+@pytest.mark.parametrize("processes", [0, 2], ids=["thread", "processes"])
+def test_reports_arriving_together_are_one_batch_with_their_own_answers(
+    api: Any, engine: Engine, settings: Any, processes: int
+) -> None:
+    """The raw bodies the route hands over, written in the server's thread or in writer processes
+    (health.ingest_processes): the same answers either way."""
+    add_nodes(api, engine, "gpu[01-05]")
+    tok = {n: node_token(api, n) for n in ("gpu01", "gpu02", "gpu03", "gpu04", "gpu05")}
     gpus = len(report("gpu01")["gpus"])
-    queue = IngestQueue(engine, settings)
+    health = settings.health.model_copy(update={"ingest_processes": processes})
+    queue = IngestQueue(engine, settings.model_copy(update={"health": health}))
 
     async def go() -> list[Any]:
         try:
             return await submit_all(queue, [
-                (tok["gpu01"], parsed(report("gpu01"))),
-                (tok["gpu02"], parsed(with_xid(report("gpu02")))),
-                ("bcm_not-a-token", parsed(report("gpu03"))),  # unknown token
-                (tok["gpu03"], parsed(report("gpu04"))),  # a node reporting as another
-                (tok["gpu04"], InvalidInput("gpus.0.index: invalid", field="gpus.0.index")),
+                (tok["gpu01"], raw(report("gpu01"))),
+                (tok["gpu02"], raw(with_xid(report("gpu02")))),
+                ("bcm_not-a-token", b"{not json"),  # unknown token: a 401 even for a malformed body
+                (tok["gpu03"], raw(report("gpu04"))),  # a node reporting as another
+                (tok["gpu04"], b'{"schema": 1}'),
+                (tok["gpu05"], InvalidInput("gpus.0.index: invalid", field="gpus.0.index")),  # refused before
             ])  # fmt: skip
         finally:
             await queue.stop()
 
-    ok, fail, unknown, foreign, invalid = asyncio.run(go())
-    assert queue.batches == 1 and queue.reports == 5  # one transaction for all of them
+    ok, fail, unknown, foreign, invalid, refused = asyncio.run(go())
+    assert queue.batches == 1 and queue.reports == 6  # one transaction for all of them
     assert (ok.node, ok.verdict, ok.action) == ("gpu01", "OK", None)
     assert (fail.node, fail.verdict, fail.action) == ("gpu02", "FAIL", "drain")
     assert isinstance(unknown, Unauthorized)
     assert isinstance(foreign, Forbidden) and "gpu04" in foreign.message
-    assert isinstance(invalid, InvalidInput) and invalid.field == "gpus.0.index"
+    assert isinstance(invalid, InvalidInput) and invalid.field, invalid
+    assert isinstance(refused, InvalidInput) and refused.field == "gpus.0.index"
     # what was accepted is stored, nothing of what was refused
     assert rows(engine, HealthSample, "gpu01") == gpus and rows(engine, HealthSample, "gpu02") == gpus
     assert rows(engine, HealthSample, "gpu03") == 0 and rows(engine, HealthSample, "gpu04") == 0
@@ -135,7 +148,6 @@ def test_stopping_writes_the_waiting_reports_and_refuses_new_ones(api: Any, engi
 def test_over_http_every_report_is_answered_after_it_is_stored(api: Any, engine: Engine, agents: int) -> None:
     """Many agents at once through the real app: each 202 names its own node, and every one is stored."""
     import concurrent.futures
-    import json
 
     names = [f"gpu{i:02d}" for i in range(1, agents + 1)]
     add_nodes(api, engine, f"gpu[01-{agents:02d}]")
