@@ -1,5 +1,5 @@
 """Boot artifacts from a real `bcm serve`: whole files go by sendfile(2) (bcm.pathsend) and arrive intact,
-keep-alive survives it, a Range request still works, and a client that leaves mid-download gives its
+keep-alive survives it, a Range request and a HEAD still work, and a client that leaves mid-download gives its
 transfer slot back. The image is published by the images service (as in tests/api/test_pxe_api.py)."""
 
 from __future__ import annotations
@@ -112,3 +112,17 @@ def test_a_client_that_leaves_mid_download_gives_its_slot_back(served: tuple[Ser
     got = counters(server)
     assert got["aborted_total"] == 1
     assert got['bytes_total{way="sendfile"}'] == SIZE
+
+
+def test_head_answers_the_headers_of_a_get_and_holds_no_slot(served: tuple[Server, str, bytes]) -> None:
+    """`curl -I` on an artifact: its size and ETag, no body; the only transfer slot is free at once."""
+    server, path, data = served
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        heads = [client.head(path) for _ in range(3)]  # MAX_TRANSFERS=1: a held slot would make these 503
+        got = client.get(path)
+    for head in heads:
+        assert head.status_code == 200 and head.content == b""
+        assert int(head.headers["content-length"]) == SIZE
+        assert head.headers["etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+    assert got.status_code == 200 and got.content == data
+    assert counters(server)['bytes_total{way="sendfile"}'] == SIZE  # only the GET sent the file

@@ -73,7 +73,7 @@ def _transfers(request: Request) -> Transfers:
     return state.image_transfers  # type: ignore[no-any-return]
 
 
-@router.get("/{name}/{version}/{filename}", response_class=Response)
+@router.api_route("/{name}/{version}/{filename}", methods=["GET", "HEAD"], response_class=Response)
 def artifact(name: Name, version: Version, filename: Filename, request: Request, session: SessionDep) -> Response:
     image, art = svc.find_artifact(session, name, version, filename)
     path, problem = svc.artifact_problem(request.app.state.settings.images_dir, image, art)
