@@ -177,10 +177,35 @@ def run(label: str, url: str, n: int, gpus: int, queries: int) -> dict[str, floa
 # --- over HTTP: a real `bcm serve`, agents posting reports ------------------------------------------
 
 
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of a process, in clock ticks (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def _ticks_by_part(server_pid: int) -> dict[str, dict[int, int]]:
+    """CPU ticks of each process that serves the reports: the server, its children (the ingest writer
+    processes), and PostgreSQL's processes (none for SQLite), keyed by part, then pid."""
+    stats: dict[int, tuple[int, str, int]] = {}  # pid -> (ppid, comm, ticks)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        stats[int(entry.name)] = (int(fields[1]), comm, int(fields[11]) + int(fields[12]))
+    parts: dict[str, dict[int, int]] = {"server": {}, "writers": {}, "database": {}}
+    for pid, (ppid, comm, ticks) in stats.items():
+        if pid == server_pid:
+            parts["server"][pid] = ticks
+        elif ppid == server_pid or stats.get(ppid, (0, "", 0))[0] == server_pid:
+            parts["writers"][pid] = ticks
+        elif comm.startswith("postgres"):
+            parts["database"][pid] = ticks
+    return parts
+
+
+def _cpu_between(before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]) -> dict[str, float]:
+    """Seconds of CPU each part used between two :func:`_ticks_by_part` readings."""
+    hz = os.sysconf("SC_CLK_TCK")
+    return {part: sum(t - before[part].get(pid, 0) for pid, t in after[part].items()) / hz for part in after}
 
 
 def _machine_busy() -> tuple[int, int]:
@@ -396,7 +421,7 @@ def http_run(
             f"[{label} HTTP] {n} tokens in {token_s:.1f} s; warm-up round {warm_s:.1f} s; timed round...",
             flush=True,
         )
-        cpu_srv0, busy0 = _cpu_ticks(srv.proc.pid), _machine_busy()
+        parts0, busy0 = _ticks_by_part(srv.proc.pid), _machine_busy()
         t_timed = time.perf_counter()
         results: list[dict[str, Any]] = []
         give_up = time.monotonic() + wait
@@ -412,7 +437,7 @@ def http_run(
                 "a client process failed or timed out: " + "\n".join(r.get("error", "") for r in results)
             )
         timed_s = time.perf_counter() - t_timed
-        cpu_srv = (_cpu_ticks(srv.proc.pid) - cpu_srv0) / os.sysconf("SC_CLK_TCK")
+        cpu = _cpu_between(parts0, _ticks_by_part(srv.proc.pid))
         busy1 = _machine_busy()
         for child in children:
             child.join(timeout=30)
@@ -444,9 +469,12 @@ def http_run(
             print(f"[{label} HTTP] non-2xx sample: {text_}")
         if warm_f:
             print(f"[{label} HTTP] warm-up transport errors: {dict(warm_f)}")
+        cpu["clients"] = client_cpu
+        answered = max(1, ok + bad)
         print(
-            f"[{label} HTTP] CPU during the timed round: server process {cpu_srv:.1f} s, "
-            f"client processes {client_cpu:.1f} s, over {timed_s:.1f} s wall; "
+            f"[{label} HTTP] CPU during the timed round, ms per report: "
+            + ", ".join(f"{part} {1000 * s / answered:.2f}" for part, s in cpu.items())
+            + f"; all {1000 * sum(cpu.values()) / answered:.2f} ({sum(cpu.values()):.1f} s over {timed_s:.1f} s wall); "
             f"machine busy {busy_pct:.0f}% of {os.cpu_count()} cores"
         )
         raw_s = raw_insert(engine, [ids[x] for x in names], gpus)
@@ -457,6 +485,7 @@ def http_run(
             "HTTP p50 ms": statistics.median(lat) if lat else float("nan"),
             "HTTP p99 ms": pct(lat, 99) if lat else float("nan"),
             "HTTP non-2xx answers": float(bad + sum(warm_st.values()) - warm_ok),
+            "CPU ms per report (all parts)": 1000 * sum(cpu.values()) / answered,
             "HTTP transport errors": float(sum(fails.values()) + sum(warm_f.values())),
             "raw insert, same rows, reports/s": n / raw_s,
             "raw insert, 500 reports a txn, reports/s": n / raw_batch_s,

@@ -19,13 +19,20 @@ from bcm.models.base import json_column, ts_column, utcnow
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
+# Rows every report updates: half of each page left free, so an update that changes no indexed column
+# stays on its page and writes no index entry (PostgreSQL's heap-only tuples; migration 0011).
+UPDATED_IN_PLACE = {"fillfactor": 50}
+
+
 class NodeHealth(SQLModel, table=True):
     """A node's health: the effective verdict (a FAIL holds until the node has recovered) and drain state."""
+
+    __table_args__ = {"postgresql_with": UPDATED_IN_PLACE}
 
     node_id: int = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE")
     verdict: str = Field(default="UNKNOWN", max_length=16, index=True)
     report_verdict: str | None = Field(default=None, max_length=16)  # what the last report alone said
-    last_report_at: datetime | None = Field(default=None, sa_column=ts_column(index=True))
+    last_report_at: datetime | None = Field(default=None, sa_column=ts_column())  # unindexed: see 0011
     collected_at: datetime | None = Field(default=None, sa_column=ts_column())
     consecutive_ok: int = 0
     gpu_count: int = 0
@@ -42,6 +49,8 @@ class NodeHealth(SQLModel, table=True):
 
 class GpuHealth(SQLModel, table=True):
     """The latest sample and verdict of one GPU, keyed by its node and index (UUID indexed)."""
+
+    __table_args__ = {"postgresql_with": UPDATED_IN_PLACE}
 
     node_id: int = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE")
     index: int = Field(primary_key=True)
@@ -79,7 +88,7 @@ class HealthSample(SQLModel, table=True):
     __table_args__ = (Index("ix_healthsample_node_uuid_id", "node_id", "uuid", "id"),)
 
     id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
-    node_id: int = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+    node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")  # ix_healthsample_node_uuid_id leads with it
     uuid: str = Field(max_length=96)
     gpu_index: int
     time: datetime = Field(sa_column=ts_column(nullable=False))
