@@ -45,7 +45,7 @@ class PrevGpu:
 
     uuid: str
     verdict: str
-    reasons: list[dict[str, Any]] | None
+    reasons: list[dict[str, Any]] | None  # read only while the GPU FAILs (carried on while that holds)
     xid_count: int
 
 

@@ -132,6 +132,9 @@ def test_fail_drains_holds_and_resumes_after_n_healthy_reports(hapi: Any, engine
         r = post(hapi, tok, ok).json()
         assert r["verdict"] == "FAIL" and r["report_verdict"] == "OK" and r["action"] is None, i
         assert state_of(hapi, "gpu01") == "drained"
+        # the GPU keeps failing for the reason it failed, carried from report to report while it holds
+        gpu0 = hapi.get("/api/v1/nodes/gpu01/gpus").json()[0]
+        assert gpu0["verdict"] == "FAIL" and [x["code"] for x in gpu0["reasons"]][:2] == ["xid.79", "health.held"], i
     r = post(hapi, tok, ok).json()
     assert r["verdict"] == "OK" and r["action"] == "resume"
     assert state_of(hapi, "gpu01") == "ready"
