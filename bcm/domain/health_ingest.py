@@ -31,10 +31,11 @@ from bcm.domain.health import (
     Verdict,
     evaluate,
 )
-from bcm.domain.health_report import HealthReport
+from bcm.domain.health_report import GpuSampleIn, HealthReport
 from bcm.domain.states import State
 
 DRAIN, RESUME = "drain", "resume"
+_NONE: dict[str, Any] = {}  # a part of a GPU sample the agent left out or NVML did not offer: every reading None
 HEALTHY = (Verdict.OK, Verdict.WARN)
 DRAINED = (State.DRAINING.value, State.DRAINED.value)
 
@@ -118,7 +119,7 @@ def judge(
     effective = Verdict.FAIL if holding else raw
     held = held_finding(ok_run, resume_after) if holding else None
 
-    samples = {int(g.index): g for g in report.gpus}
+    samples = {g["index"]: g for g in report.gpus}
     gpu_rows, sample_rows, events, verdict_changes = [], [], [], []
     for gv in judged.gpus:
         prev = ctx.previous.get(gv.index)
@@ -293,38 +294,39 @@ def _gpu_row(
     uuid: str,
     verdict: Verdict,
     reasons: list[dict[str, Any]],
-    g: Any,
+    g: GpuSampleIn,
     xids: list[int],
     prev: PrevGpu | None,
     now: datetime,
 ) -> dict[str, Any]:
-    rows, pages = g.remapped_rows, g.retired_pages
+    ecc, pcie = g.get("ecc") or _NONE, g.get("pcie") or _NONE
+    rows, pages = g.get("remapped_rows") or _NONE, g.get("retired_pages") or _NONE
     return {
         "node_id": node_id,
-        "index": int(g.index),
+        "index": g["index"],
         "uuid": uuid[:96],
-        "name": g.name,
-        "pci_bus_id": (g.pci_bus_id or "")[:32] or None,
+        "name": g.get("name"),
+        "pci_bus_id": (g.get("pci_bus_id") or "")[:32] or None,
         "verdict": verdict.value,
         "reasons": reasons,
-        "temperature_c": g.temperature_c,
-        "power_draw_w": g.power_draw_w,
-        "utilization_gpu_pct": g.utilization_gpu_pct,
-        "utilization_memory_pct": g.utilization_memory_pct,
-        "memory_total_mib": g.memory_total_mib,
-        "memory_used_mib": g.memory_used_mib,
-        "ecc_sbe_volatile": g.ecc.volatile_corrected,
-        "ecc_dbe_volatile": g.ecc.volatile_uncorrected,
-        "ecc_sbe_aggregate": g.ecc.aggregate_corrected,
-        "ecc_dbe_aggregate": g.ecc.aggregate_uncorrected,
-        "pcie_replay": g.pcie.replay_counter,
-        "remap_correctable": rows.correctable if rows else None,
-        "remap_uncorrectable": rows.uncorrectable if rows else None,
-        "remap_pending": rows.pending if rows else None,
-        "remap_failure": rows.failure if rows else None,
-        "retired_sbe": pages.single_bit if pages else None,
-        "retired_dbe": pages.double_bit if pages else None,
-        "retired_pending": pages.pending if pages else None,
+        "temperature_c": g.get("temperature_c"),
+        "power_draw_w": g.get("power_draw_w"),
+        "utilization_gpu_pct": g.get("utilization_gpu_pct"),
+        "utilization_memory_pct": g.get("utilization_memory_pct"),
+        "memory_total_mib": g.get("memory_total_mib"),
+        "memory_used_mib": g.get("memory_used_mib"),
+        "ecc_sbe_volatile": ecc.get("volatile_corrected"),
+        "ecc_dbe_volatile": ecc.get("volatile_uncorrected"),
+        "ecc_sbe_aggregate": ecc.get("aggregate_corrected"),
+        "ecc_dbe_aggregate": ecc.get("aggregate_uncorrected"),
+        "pcie_replay": pcie.get("replay_counter"),
+        "remap_correctable": rows.get("correctable"),
+        "remap_uncorrectable": rows.get("uncorrectable"),
+        "remap_pending": rows.get("pending"),
+        "remap_failure": rows.get("failure"),
+        "retired_sbe": pages.get("single_bit"),
+        "retired_dbe": pages.get("double_bit"),
+        "retired_pending": pages.get("pending"),
         # dcgm-exporter's XID_ERRORS is the last Xid seen; keep it until another one replaces it
         "last_xid": xids[-1] if xids else None,
         "xid_count": min(INT32_MAX, (prev.xid_count if prev else 0) + len(xids)),
@@ -333,21 +335,20 @@ def _gpu_row(
 
 
 def _sample_row(
-    node_id: int, uuid: str, verdict: Verdict, g: Any, xids: list[int], now: datetime
+    node_id: int, uuid: str, verdict: Verdict, g: GpuSampleIn, xids: list[int], now: datetime
 ) -> dict[str, Any]:
+    ecc = g.get("ecc") or _NONE
     return {
         "node_id": node_id,
         "uuid": uuid[:96],
-        "gpu_index": int(g.index),
+        "gpu_index": g["index"],
         "time": now,
         "verdict": verdict.value,
-        "temperature_c": g.temperature_c,
-        "power_draw_w": g.power_draw_w,
-        "utilization_gpu_pct": g.utilization_gpu_pct,
-        "memory_used_mib": g.memory_used_mib,
-        "ecc_sbe_volatile": g.ecc.volatile_corrected,
-        "ecc_dbe_volatile": g.ecc.volatile_uncorrected,
+        "temperature_c": g.get("temperature_c"),
+        "power_draw_w": g.get("power_draw_w"),
+        "utilization_gpu_pct": g.get("utilization_gpu_pct"),
+        "memory_used_mib": g.get("memory_used_mib"),
+        "ecc_sbe_volatile": ecc.get("volatile_corrected"),
+        "ecc_dbe_volatile": ecc.get("volatile_uncorrected"),
         "xid": xids[-1] if xids else None,
     }
-
-

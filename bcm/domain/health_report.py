@@ -3,13 +3,19 @@
 Every list and string is bounded, counters are non-negative, and unknown fields are refused, so an
 oversize or malformed report fails validation (HTTP 422) before it reaches the rules or the database.
 The API should also cap the request body at :data:`MAX_REPORT_BYTES` before parsing.
+
+A GPU sample is validated into a plain dict (typed dicts with pydantic's bounds), which is what the
+health rules read: the bulk of a report (eight GPUs of 18 NVLinks each) is then neither built as model
+objects nor dumped back into dicts for the rules. A key the agent left out is absent (the rules and the
+row builders read it as None), where a model would have filled in its default.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from bcm.agent.schema import (
     MAX_ERRORS,
@@ -37,72 +43,81 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class EccCountsIn(_Strict):
-    volatile_corrected: Count64 | None = None
-    volatile_uncorrected: Count64 | None = None
-    aggregate_corrected: Count64 | None = None
-    aggregate_uncorrected: Count64 | None = None
+_FORBID = ConfigDict(extra="forbid")
 
 
-class RemappedRowsIn(_Strict):
+@with_config(_FORBID)
+class EccCountsIn(TypedDict, total=False):
+    volatile_corrected: Count64 | None
+    volatile_uncorrected: Count64 | None
+    aggregate_corrected: Count64 | None
+    aggregate_uncorrected: Count64 | None
+
+
+@with_config(_FORBID)
+class RemappedRowsIn(TypedDict):
     correctable: Count64
     uncorrectable: Count64
     pending: bool
     failure: bool
 
 
-class RetiredPagesIn(_Strict):
-    single_bit: Count64 | None = None
-    double_bit: Count64 | None = None
-    pending: bool | None = None
+@with_config(_FORBID)
+class RetiredPagesIn(TypedDict, total=False):
+    single_bit: Count64 | None
+    double_bit: Count64 | None
+    pending: bool | None
 
 
-class NvLinkIn(_Strict):
+@with_config(_FORBID)
+class NvLinkIn(TypedDict):
     link: Annotated[int, Field(ge=0, lt=MAX_NVLINKS)]
-    active: bool | None = None
-    replay: Count | None = None
-    recovery: Count | None = None
-    crc_flit: Count | None = None
-    crc_data: Count | None = None
-    ecc_data: Count | None = None
+    active: NotRequired[bool | None]
+    replay: NotRequired[Count | None]
+    recovery: NotRequired[Count | None]
+    crc_flit: NotRequired[Count | None]
+    crc_data: NotRequired[Count | None]
+    ecc_data: NotRequired[Count | None]
 
 
-class PcieIn(_Strict):
-    replay_counter: Count64 | None = None
-    gen_current: Annotated[int, Field(ge=0, le=32)] | None = None
-    gen_max: Annotated[int, Field(ge=0, le=32)] | None = None
-    width_current: Annotated[int, Field(ge=0, le=64)] | None = None
-    width_max: Annotated[int, Field(ge=0, le=64)] | None = None
+@with_config(_FORBID)
+class PcieIn(TypedDict, total=False):
+    replay_counter: Count64 | None
+    gen_current: Annotated[int, Field(ge=0, le=32)] | None
+    gen_max: Annotated[int, Field(ge=0, le=32)] | None
+    width_current: Annotated[int, Field(ge=0, le=64)] | None
+    width_max: Annotated[int, Field(ge=0, le=64)] | None
 
 
-class GpuSampleIn(_Strict):
+@with_config(_FORBID)
+class GpuSampleIn(TypedDict):
     index: Index
-    uuid: Annotated[str, Field(max_length=96)] | None = None
-    name: Annotated[str, Field(max_length=128)] | None = None
-    serial: Str | None = None
-    pci_bus_id: Annotated[str, Field(max_length=32)] | None = None
-    vbios_version: Str | None = None
-    lost: bool = False
-    temperature_c: Annotated[int, Field(ge=-100, le=300)] | None = None
-    temperature_slowdown_c: Annotated[int, Field(ge=-100, le=300)] | None = None
-    temperature_shutdown_c: Annotated[int, Field(ge=-100, le=300)] | None = None
-    power_draw_w: Annotated[float, Field(ge=0, le=100_000)] | None = None
-    power_limit_w: Annotated[float, Field(ge=0, le=100_000)] | None = None
-    utilization_gpu_pct: Annotated[int, Field(ge=0, le=100)] | None = None
-    utilization_memory_pct: Annotated[int, Field(ge=0, le=100)] | None = None
-    memory_total_mib: Mib | None = None
-    memory_used_mib: Mib | None = None
-    ecc_enabled: bool | None = None
-    ecc: EccCountsIn = EccCountsIn()
-    remapped_rows: RemappedRowsIn | None = None
-    retired_pages: RetiredPagesIn | None = None
-    clock_event_reasons: Count | None = None
-    clock_events: Annotated[list[Str], Field(max_length=64)] = []
-    nvlinks: Annotated[list[NvLinkIn], Field(max_length=MAX_NVLINKS)] = []
-    pcie: PcieIn = PcieIn()
-    recovery_action: Str | None = None
-    unsupported: Annotated[list[Str], Field(max_length=128)] = []
-    errors: Annotated[list[Str], Field(max_length=MAX_ERRORS)] = []
+    uuid: NotRequired[Annotated[str, Field(max_length=96)] | None]
+    name: NotRequired[Annotated[str, Field(max_length=128)] | None]
+    serial: NotRequired[Str | None]
+    pci_bus_id: NotRequired[Annotated[str, Field(max_length=32)] | None]
+    vbios_version: NotRequired[Str | None]
+    lost: NotRequired[bool]
+    temperature_c: NotRequired[Annotated[int, Field(ge=-100, le=300)] | None]
+    temperature_slowdown_c: NotRequired[Annotated[int, Field(ge=-100, le=300)] | None]
+    temperature_shutdown_c: NotRequired[Annotated[int, Field(ge=-100, le=300)] | None]
+    power_draw_w: NotRequired[Annotated[float, Field(ge=0, le=100_000)] | None]
+    power_limit_w: NotRequired[Annotated[float, Field(ge=0, le=100_000)] | None]
+    utilization_gpu_pct: NotRequired[Annotated[int, Field(ge=0, le=100)] | None]
+    utilization_memory_pct: NotRequired[Annotated[int, Field(ge=0, le=100)] | None]
+    memory_total_mib: NotRequired[Mib | None]
+    memory_used_mib: NotRequired[Mib | None]
+    ecc_enabled: NotRequired[bool | None]
+    ecc: NotRequired[EccCountsIn]
+    remapped_rows: NotRequired[RemappedRowsIn | None]
+    retired_pages: NotRequired[RetiredPagesIn | None]
+    clock_event_reasons: NotRequired[Count | None]
+    clock_events: NotRequired[Annotated[list[Str], Field(max_length=64)]]
+    nvlinks: NotRequired[Annotated[list[NvLinkIn], Field(max_length=MAX_NVLINKS)]]
+    pcie: NotRequired[PcieIn]
+    recovery_action: NotRequired[Str | None]
+    unsupported: NotRequired[Annotated[list[Str], Field(max_length=128)]]
+    errors: NotRequired[Annotated[list[Str], Field(max_length=MAX_ERRORS)]]
 
 
 class XidEventIn(_Strict):
@@ -117,7 +132,7 @@ class XidEventIn(_Strict):
 
 
 class HealthReport(_Strict):
-    """One agent report, validated; ``model_dump()`` is what :func:`bcm.domain.health.evaluate` takes."""
+    """One agent report, validated; :meth:`rules_input` is what :func:`bcm.domain.health.evaluate` takes."""
 
     # "schema" shadows a deprecated BaseModel attribute, hence the alias.
     schema_version: Literal[1] = Field(alias="schema")
@@ -135,8 +150,10 @@ class HealthReport(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     def rules_input(self) -> dict[str, Any]:
-        """The plain dict the health rules read (wire names, JSON types)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The plain dict the health rules read (wire names, JSON types); the GPU samples as validated."""
+        out = self.model_dump(mode="json", by_alias=True, exclude={"gpus"})
+        out["gpus"] = self.gpus
+        return out
 
 
 assert SCHEMA_VERSION == 1, "HealthReport.schema_version must follow bcm.agent.schema.SCHEMA_VERSION"

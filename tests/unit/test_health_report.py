@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -11,7 +13,8 @@ from pydantic import ValidationError
 from bcm.agent import schema
 from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
-from bcm.domain.health import evaluate
+from bcm.domain.health import Thresholds, Verdict, evaluate
+from bcm.domain.health_ingest import Context, judge
 from bcm.domain.health_report import HealthReport
 from bcm.lab.fakegpu import RECORDED_NVML
 from tests.paths import set_path
@@ -88,3 +91,23 @@ def test_missing_required_field_is_refused() -> None:
     del report["gpus"]
     with pytest.raises(ValidationError):
         HealthReport.model_validate(report)
+
+
+def test_a_sample_with_only_its_index_is_judged_and_stored_as_readings_not_offered() -> None:
+    """What the agent leaves out of a GPU sample is absent, never invented: the rules find nothing in it
+    and every reading stored for it is None (NULL), as NVML's NOT_SUPPORTED would be."""
+    report = collected()
+    report["gpus"] = [{"index": 0}, {**report["gpus"][1], "index": 1, "ecc": {}}]
+    report["gpu_count"], report["xid_events"] = 2, []
+    model = HealthReport.model_validate_json(json.dumps(report))
+    assert model.gpus[0] == {"index": 0}
+    judged = evaluate(model.rules_input(), expected_gpus=2)
+    assert [g.verdict for g in judged.gpus] == [Verdict.OK, Verdict.OK]
+    ctx = Context(1, "gpu01", "ready", Thresholds(), 2, None)
+    out = judge(ctx, model, resume_after=3, prune_every=10, now=datetime(2026, 12, 5, tzinfo=UTC))
+    bare = out.gpu_rows[0]
+    assert bare["uuid"] == "gpu01:gpu0" and bare["verdict"] == "OK"
+    readings = set(bare) - {"node_id", "index", "uuid", "verdict", "reasons", "xid_count", "sampled_at", "last_xid"}
+    assert readings and all(bare[k] is None for k in readings), bare
+    assert out.gpu_rows[1]["ecc_sbe_volatile"] is None and out.gpu_rows[1]["temperature_c"] is not None
+    assert out.sample_rows[0]["temperature_c"] is None and out.sample_rows[0]["ecc_dbe_volatile"] is None
