@@ -60,7 +60,7 @@ def make_engine(url: str, db: DbSettings | None = None, **kwargs: Any) -> Engine
         return engine
     engine = create_engine(
         url,
-        pool_pre_ping=True,
+        pool_pre_ping=kwargs.pop("pool_pre_ping", True),
         pool_size=db.threads,
         max_overflow=db.threads,
         pool_timeout=db.pool_timeout_s,

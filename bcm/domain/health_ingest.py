@@ -14,6 +14,7 @@ drain, leaving it asks for a resume, but only of a drain bcm made: a node an adm
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,7 +111,7 @@ def judge(
     """Judge one report of ``ctx``'s node (validated, and known to be from that node)."""
     node_id, name = ctx.node_id, ctx.name
     first = ctx.stored is None
-    nh = dataclasses.replace(ctx.stored) if ctx.stored is not None else NodeState(node_id)
+    nh = copy.copy(ctx.stored) if ctx.stored is not None else NodeState(node_id)
     judged = evaluate(report.rules_input(), ctx.thresholds, ctx.expected_gpus)
     raw = judged.verdict
     ok_run = nh.consecutive_ok + 1 if raw in HEALTHY else 0
@@ -150,7 +151,7 @@ def judge(
     if prune:
         nh.samples_since_prune = 0
     node_row = {
-        **dataclasses.asdict(nh),
+        **vars(nh),  # flat values: no deep copy needed
         "verdict": effective.value,
         "report_verdict": raw.value,
         "last_report_at": now,

@@ -261,7 +261,9 @@ def _writer_start(settings: Settings, url: str) -> None:
 
     logs.configure(settings.log_level)
     _writer["settings"] = settings
-    _writer["engine"] = make_engine(url, settings.db)
+    # no ping before each batch (a round trip per batch): a connection the database dropped costs the
+    # batch on it a 503, which the agents send again, and the pool then drops every older connection
+    _writer["engine"] = make_engine(url, settings.db, pool_pre_ping=False)
     from bcm.server import tune_gc
 
     tune_gc()  # as the server does: with the default thresholds collections cost more than the parsing

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bcm.devserver import Server, free_port
+from tests.api.test_health_api import REPORT_URL, report
 from tests.faults.conftest import client, hammer
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -108,5 +110,40 @@ def test_postgresql_stopped_under_load(tmp_path: Path, cluster: Cluster) -> None
             names = {n["name"] for n in c.get("/api/v1/nodes", params={"limit": 1000}).json()["items"]}
         assert set(acknowledged) <= names  # no acknowledged write lost
         assert not {n for n in names if n.startswith("during")}  # and no refused one half-done
+    finally:
+        srv.stop()
+
+
+def test_health_writer_processes_outlive_a_postgresql_restart(tmp_path: Path, cluster: Cluster) -> None:
+    """Writer processes (health.ingest_processes) keep their connections between batches; across a restart
+    of PostgreSQL a report is refused with 503 + Retry-After, never acknowledged unstored, and after it
+    the agent's next tries are stored."""
+    srv = Server(tmp_path / "state", database_url=cluster.url, extra_env={"BCM_HEALTH__INGEST_PROCESSES": "2"})
+    srv.start()
+    try:
+        with client(srv) as c:
+            assert c.post("/api/v1/nodes", json={"name": "gpu01"}).status_code == 201
+            token = c.post("/api/v1/nodes/gpu01/token").json()["token"]
+            body = report("gpu01")
+
+            def send() -> httpx.Response:
+                return c.post(REPORT_URL, json=body, headers={"Authorization": f"Bearer {token}"})
+
+            def last_report() -> str:
+                return str(c.get("/api/v1/health/nodes").json()["items"][0]["last_report_at"])
+
+            assert send().status_code == 202
+            before = last_report()
+            cluster.stop()
+            r = send()
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1, r.text
+            cluster.start()
+            answers = []
+            for _ in range(5):  # bounded: a connection the restart cut costs at most its batch
+                answers.append(send().status_code)
+                if answers[-1] == 202:
+                    break
+            assert answers[-1] == 202 and set(answers) <= {202, 503}, answers
+            assert last_report() > before  # the acknowledged report is stored
     finally:
         srv.stop()
