@@ -45,6 +45,9 @@ class HealthSettings(BaseModel):
     ingest_batch: int = Field(default=500, ge=1, le=10_000)
     # processes that parse, judge and write reports (0: a worker thread of the server process)
     ingest_processes: int = Field(default=0, ge=0, le=64)
+    # while a batch is being written, the next one gathers reports for up to this long before it starts
+    # (fewer, bigger transactions: each costs the writer and the database a fixed amount besides its rows)
+    ingest_linger_ms: float = Field(default=5.0, ge=0, le=1000)
 
 
 class HttpSettings(BaseModel):

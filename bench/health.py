@@ -209,6 +209,14 @@ def _cpu_between(before: dict[str, dict[int, int]], after: dict[str, dict[int, i
     return {part: sum(t - before[part].get(pid, 0) for pid, t in after[part].items()) / hz for part in after}
 
 
+def _ingest_counts(admin: httpx.Client) -> tuple[float, float]:
+    """(reports, batches) the server has written so far, from its /metrics."""
+    values = dict(
+        line.rsplit(" ", 1) for line in admin.get("/metrics", params={"nodes": "gpu00001"}).text.splitlines() if line.startswith("bcm_health_ingest_")
+    )
+    return float(values["bcm_health_ingest_reports_total"]), float(values["bcm_health_ingest_batches_total"])
+
+
 def _machine_busy() -> tuple[int, int]:
     """(busy, total) jiffies of the whole machine, all cores (Linux /proc/stat)."""
     cpu = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -421,6 +429,7 @@ def http_run(
             # autovacuum, and its statements planned for tables of that size, not for empty ones
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(text("ANALYZE"))
+            written0 = _ingest_counts(admin)
             barrier.wait(timeout=wait)
         except threading.BrokenBarrierError:
             raise failure() from None
@@ -446,6 +455,7 @@ def http_run(
         timed_s = time.perf_counter() - t_timed
         cpu = _cpu_between(parts0, _ticks_by_part(srv.proc.pid))
         busy1 = _machine_busy()
+        written = [b - a for a, b in zip(written0, _ingest_counts(admin), strict=True)]
         for child in children:
             child.join(timeout=30)
 
@@ -482,7 +492,8 @@ def http_run(
             f"[{label} HTTP] CPU during the timed round, ms per report: "
             + ", ".join(f"{part} {1000 * s / answered:.2f}" for part, s in cpu.items())
             + f"; all {1000 * sum(cpu.values()) / answered:.2f} ({sum(cpu.values()):.1f} s over {timed_s:.1f} s wall); "
-            f"machine busy {busy_pct:.0f}% of {os.cpu_count()} cores"
+            f"machine busy {busy_pct:.0f}% of {os.cpu_count()} cores; "
+            f"{written[0]:.0f} reports written in {written[1]:.0f} transactions ({written[0] / max(1, written[1]):.1f} each)"
         )
         raw_s = raw_insert(engine, [ids[x] for x in names], gpus)
         raw_batch_s = raw_insert(engine, [ids[x] for x in names], gpus, per_txn=500)

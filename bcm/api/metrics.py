@@ -5,7 +5,8 @@ Series keep dcgm-exporter's names (``DCGM_FI_DEV_GPU_TEMP``, ``DCGM_FI_DEV_POWER
 ``Hostname``), so its Grafana dashboards work unchanged; the values are the latest each agent reported.
 All are gauges, as dcgm-exporter's ECC and Xid fields are point readings (reset with the GPU). bcm adds
 ``bcm_gpu_health`` and ``bcm_node_health`` (0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL), the report age and bcm's drains,
-and counters of the boot artifacts this process sent (``bcm_boot_artifact_bytes_total{way}``, ``…_aborted_total``).
+and counters of the boot artifacts this process sent (``bcm_boot_artifact_bytes_total{way}``, ``…_aborted_total``)
+and of the health reports it wrote (``bcm_health_ingest_reports_total``, ``…_batches_total``, ``…_waiting``).
 
 Authentication: any token of role viewer or higher (``Authorization: Bearer …``; in Prometheus,
 ``authorization: {credentials_file: …}`` in the scrape config). Node tokens are refused. At tens of
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -123,6 +124,24 @@ class BootCollector(Collector):
         yield from (sent, aborted)
 
 
+class IngestCollector(Collector):
+    """The health reports this server wrote, and in how many transactions (their ratio: the batch size)."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def collect(self) -> Iterator[Any]:
+        batches = CounterMetricFamily("bcm_health_ingest_batches", "Transactions that wrote agents' health reports.")
+        batches.add_metric([], float(self.queue.batches))
+        reports = CounterMetricFamily(
+            "bcm_health_ingest_reports", "Agents' health reports those transactions took (each answered on its own)."
+        )
+        reports.add_metric([], float(self.queue.reports))
+        waiting = GaugeMetricFamily("bcm_health_ingest_waiting", "Health reports waiting for a transaction.")
+        waiting.add_metric([], float(self.queue.waiting))
+        yield from (batches, reports, waiting)
+
+
 @router.get(
     "/metrics",
     response_class=Response,
@@ -134,6 +153,7 @@ class BootCollector(Collector):
     },
 )
 def metrics(
+    request: Request,
     session: SessionDep,
     _t: Viewer,
     nodes: HostlistQuery = None,
@@ -141,4 +161,5 @@ def metrics(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HealthCollector(q.metric_rows(session, nodes), q.node_metric_rows(session, nodes)))
     registry.register(BootCollector())
+    registry.register(IngestCollector(request.app.state.ingest))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

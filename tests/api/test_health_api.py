@@ -322,6 +322,10 @@ def test_metrics_need_a_viewer_token_and_use_dcgm_names(hapi: Any, engine: Engin
     health = next(x for x in body.splitlines() if x.startswith("bcm_gpu_health{") and uuid0 in x)
     assert health.endswith(" 3.0")
     assert 'bcm_node_health{Hostname="gpu01"} 3.0' in body
+    # the ingest's own counters: one report written, in one transaction, none waiting
+    for series in ("bcm_health_ingest_reports_total 1.0", "bcm_health_ingest_batches_total 1.0",
+                   "bcm_health_ingest_waiting 0.0"):  # fmt: skip
+        assert series in body.splitlines(), series
     assert hapi.get("/metrics", headers={"Authorization": f"Bearer {tok}"}).status_code == 403
     assert hapi.get("/metrics", headers={"Authorization": ""}).status_code == 401
     only = hapi.get("/metrics", params={"nodes": "gpu02"}).text

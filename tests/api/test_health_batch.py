@@ -162,3 +162,36 @@ def test_over_http_every_report_is_answered_after_it_is_stored(api: Any, engine:
         answers = dict(zip(names, pool.map(one, names), strict=True))
     assert {n: (r.status_code, r.json()["node"]) for n, r in answers.items()} == {n: (202, n) for n in names}
     assert all(rows(engine, HealthSample, n) > 0 for n in names)
+
+
+@pytest.mark.parametrize(("linger_ms", "batches"), [(60_000, 2), (0, 4)], ids=["lingering", "at-once"])
+def test_while_a_batch_is_written_the_next_gathers_for_the_linger(
+    api: Any, engine: Engine, settings: Any, linger_ms: float, batches: int
+) -> None:
+    """Writer processes (health.ingest_processes): reports that arrive while another batch is being written
+    wait up to ingest_linger_ms and go as one batch (one transaction); with no linger each goes at once."""
+    add_nodes(api, engine, "gpu[01-04]")
+    tok = {n: node_token(api, n) for n in ("gpu01", "gpu02", "gpu03", "gpu04")}
+    health = settings.health.model_copy(update={"ingest_processes": 2, "ingest_linger_ms": linger_ms})
+    queue = IngestQueue(engine, settings.model_copy(update={"health": health}))
+
+    async def go() -> list[Any]:
+        try:
+            first = asyncio.ensure_future(queue.submit(tok["gpu01"], raw(report("gpu01"))))
+            while not queue._writing:  # the first batch is with a writer (the process is still starting)
+                await asyncio.sleep(0.001)
+            later = []
+            for name in ("gpu02", "gpu03", "gpu04"):
+                later.append(asyncio.ensure_future(queue.submit(tok[name], raw(report(name)))))
+                await asyncio.sleep(0.05)  # a flusher with no linger has started this one alone meanwhile
+            if linger_ms:
+                assert len(queue._writing) == 1 and queue.waiting == 3  # gathering behind the first
+                queue.linger = 0  # the 60 s are not waited out: the next wake-up starts the batch
+                queue._wake.set()
+            return await asyncio.gather(first, *later)
+        finally:
+            await queue.stop()
+
+    answers = asyncio.run(go())
+    assert [a.node for a in answers] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert (queue.batches, queue.reports) == (batches, 4)
