@@ -72,7 +72,7 @@ class _Item:
     token: str
     report: Report  # a report that failed validation still needs its token checked first
     future: asyncio.Future[svc.IngestResult] = field(repr=False)
-    since: float = 0.0  # the event loop's clock when it was taken
+    since: float  # the event loop's clock when it was taken
 
 
 class IngestQueue:
