@@ -51,13 +51,21 @@ def serve(
     ] = None,
 ) -> None:
     """Run the head-node server (API, boot files, background work)."""
+    from pydantic import ValidationError
+
     from bcm.server import serve as run
     from bcm.settings import Settings
 
     overrides = {
         k: v for k, v in {"host": host, "port": port, "log_level": log_level}.items() if v is not None
     }
-    run(Settings(**overrides))  # type: ignore[arg-type]
+    try:
+        settings = Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:  # a setting from the environment: name its variable, no traceback
+        first = exc.errors()[0]
+        name = "BCM_" + "__".join(str(part) for part in first["loc"]).upper()
+        raise CliError(f"setting {name}: {first['msg']}") from None
+    run(settings)
 
 
 def main() -> None:

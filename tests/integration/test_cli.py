@@ -74,6 +74,9 @@ def test_errors_are_one_red_line(server: Server) -> None:
     failed_with(server.cli("--token", "bcm_wrong", "node", "list"), "invalid or revoked token")
     failed_with(server.cli("node", "list", BCM_URL="http://127.0.0.1:9"), "cannot reach")
     assert len(json.loads(ok(server.cli("node", "list", "--json")))) == 1
+    # a bad setting stops `bcm serve` with the variable named, before anything is started
+    bad = {"BCM_HEALTH__INGEST_LINGER_MS": "-1", "BCM_STATE_DIR": str(server.state_dir / "never")}
+    failed_with(server.cli("serve", "--port", "1", **bad), "BCM_HEALTH__INGEST_LINGER_MS", "greater than or equal to 0")
 
 
 def test_tokens_and_roles_from_the_cli(server: Server) -> None:
