@@ -123,12 +123,15 @@ class AccountingDb:
 
     @classmethod
     def for_lab(cls, lab_name: str, state_dir: Path) -> AccountingDb:
-        """(Re)create the lab's database and user with a fresh password, written 0600 to the state dir."""
+        """Recreate the lab's database, empty, and its user with a fresh password, written 0600 to the
+        state dir. A database left by an earlier lab of the same name (a run killed before `bcm lab down`)
+        is dropped: its accounts and associations would show in the new lab's Slurm as someone's edits."""
         ensure_mariadb()
         tag = re.sub(r"[^a-z0-9]", "_", lab_name)
         db = cls(f"bcm_{tag}_acct", f"bcm_{tag}_slurm"[:80], secrets.token_urlsafe(24))
         sql(
-            f"CREATE DATABASE IF NOT EXISTS `{db.name}`;\n"
+            f"DROP DATABASE IF EXISTS `{db.name}`;\n"
+            f"CREATE DATABASE `{db.name}`;\n"
             f"CREATE USER IF NOT EXISTS '{db.user}'@'localhost';\n"
             f"ALTER USER '{db.user}'@'localhost' IDENTIFIED BY '{db.password}';\n"
             f"GRANT ALL ON `{db.name}`.* TO '{db.user}'@'localhost';\n"
