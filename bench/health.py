@@ -3,8 +3,8 @@
 In-process mode (``--mode inproc``), for each backend: registers the nodes, then every node reports once
 (warm-up: the rows are created), then every node reports again, timed; each report is parsed and
 validated from its JSON bytes, judged and stored in its own transaction, in one thread (one core).
-Beside it, a raw insert of the same sample rows (8 per transaction, plain executemany, no parsing or
-rules) shows what the database alone costs. Then the summary query (``GET /api/v1/health``) is timed
+Beside it, a raw insert of the same history rows (one per report and transaction, plain executemany, no
+parsing or rules) shows what the database alone costs. Then the summary query (``GET /api/v1/health``) is timed
 in-process and over HTTP (the ASGI app in-process).
 
 HTTP mode (``--mode http``), for each backend: starts a real ``bcm serve`` on 127.0.0.1 with a fresh
@@ -60,7 +60,7 @@ from bcm.db import make_engine, session_scope
 from bcm.devserver import Server
 from bcm.domain.health_report import HealthReport
 from bcm.lab.fakegpu import RECORDED_NVML
-from bcm.models.health import HealthSample
+from bcm.models.health import HealthRecord
 from bcm.models.node import NodeBulkCreate
 from bcm.server import prepare
 from bcm.services import health, health_queries, nodes
@@ -95,23 +95,20 @@ def bodies(names: list[str], tmpl: dict[str, Any], start: int = 0) -> list[bytes
 
 
 def raw_insert(engine: Engine, node_ids: list[int], gpus: int, per_txn: int = 1) -> float:
-    """Seconds to insert ``gpus`` sample rows per node, ``per_txn`` nodes per transaction, nothing else."""
+    """Seconds to insert a history row of ``gpus`` readings per node, ``per_txn`` nodes per transaction,
+    nothing else."""
     from bcm.models.base import utcnow
 
     now = utcnow()
-    rows: list[list[dict[str, Any]]] = [
-        [
-            {"node_id": node_id, "uuid": f"raw-{node_id}-{i}", "gpu_index": i, "time": now, "verdict": "OK",
-             "temperature_c": 30, "power_draw_w": 100.0, "utilization_gpu_pct": 0, "memory_used_mib": 1,
-             "ecc_sbe_volatile": 0, "ecc_dbe_volatile": 0, "xid": None}
-            for i in range(gpus)
-        ]
+    rows: list[dict[str, Any]] = [
+        {"node_id": node_id, "time": now,
+         "gpus": [[i, f"raw-{node_id}-{i}", "OK", 30, 100.0, 0, 1, 0, 0, None] for i in range(gpus)]}
         for node_id in node_ids
     ]  # fmt: skip
     t0 = time.perf_counter()
     for k in range(0, len(rows), per_txn):  # the database's own durability settings, as ingest has them
         with engine.begin() as conn:
-            conn.execute(insert(HealthSample), [r for batch in rows[k : k + per_txn] for r in batch])
+            conn.execute(insert(HealthRecord), rows[k : k + per_txn])
     return time.perf_counter() - t0
 
 

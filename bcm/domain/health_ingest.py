@@ -2,7 +2,7 @@
 
 :func:`judge` takes what bcm knows of a node (its stored health, its GPUs' previous state, its lifecycle
 state, the GPU count inventory found) and one validated report, and returns an :class:`Outcome`: the GPUs'
-latest rows, the history rows, the events (only for what changed), the node's health row and the
+latest rows, the history row, the events (only for what changed), the node's health row and the
 drain/resume decision. :mod:`bcm.services.health` reads the context and writes the outcome, many
 reports per transaction.
 
@@ -88,7 +88,7 @@ class Outcome:
     report_verdict: str  # what this report alone says
     action: str | None  # drain | resume when one was decided
     gpu_rows: list[dict[str, Any]]  # GpuHealth, upserted
-    sample_rows: list[dict[str, Any]]  # HealthSample, inserted
+    record_row: dict[str, Any]  # HealthRecord (the history), inserted
     events: list[dict[str, Any]]  # HealthEvent, inserted
     node_row: dict[str, Any]  # NodeHealth, upserted
     verdict_changes: list[tuple[int, str]]  # (GPU index, new verdict) for the inventory's Gpu rows
@@ -121,7 +121,7 @@ def judge(
     held = held_finding(ok_run, resume_after) if holding else None
 
     samples = {g["index"]: g for g in report.gpus}
-    gpu_rows, sample_rows, events, verdict_changes = [], [], [], []
+    gpu_rows, readings, events, verdict_changes = [], [], [], []
     for gv in judged.gpus:
         prev = ctx.previous.get(gv.index)
         uuid = gv.uuid or (prev.uuid if prev else None) or f"{name}:gpu{gv.index}"
@@ -131,7 +131,7 @@ def judge(
             reasons = [*(prev.reasons or [])[:20], held.to_dict()] if held else list(prev.reasons or [])
         xids = [int(r.code[4:]) for r in gv.reasons if r.code.startswith("xid.")]
         gpu_rows.append(_gpu_row(node_id, uuid, verdict, reasons, samples[gv.index], xids, prev, now))
-        sample_rows.append(_sample_row(node_id, uuid, verdict, samples[gv.index], xids, now))
+        readings.append(_reading(uuid, verdict, samples[gv.index], xids))
         events += [finding_event(node_id, now, f, gv.index, uuid) for f in gv.reasons if f.code.startswith("xid.")]
         old = prev.verdict if prev else None
         if old != verdict.value and (old is not None or verdict is not Verdict.OK):
@@ -164,7 +164,8 @@ def judge(
         "updated_at": now,
     }
     return Outcome(
-        node_id, name, effective.value, raw.value, action, gpu_rows, sample_rows, events, node_row,
+        node_id, name, effective.value, raw.value, action, gpu_rows,
+        {"node_id": node_id, "time": now, "gpus": readings}, events, node_row,
         verdict_changes, set(ctx.previous) - set(samples), prune,
     )  # fmt: skip
 
@@ -335,21 +336,18 @@ def _gpu_row(
     }
 
 
-def _sample_row(
-    node_id: int, uuid: str, verdict: Verdict, g: GpuSampleIn, xids: list[int], now: datetime
-) -> dict[str, Any]:
+def _reading(uuid: str, verdict: Verdict, g: GpuSampleIn, xids: list[int]) -> list[Any]:
+    """One GPU's values in a HealthRecord, in ``RECORD_FIELDS`` order (bcm.models.health)."""
     ecc = g.get("ecc") or _NONE
-    return {
-        "node_id": node_id,
-        "uuid": uuid[:96],
-        "gpu_index": g["index"],
-        "time": now,
-        "verdict": verdict.value,
-        "temperature_c": g.get("temperature_c"),
-        "power_draw_w": g.get("power_draw_w"),
-        "utilization_gpu_pct": g.get("utilization_gpu_pct"),
-        "memory_used_mib": g.get("memory_used_mib"),
-        "ecc_sbe_volatile": ecc.get("volatile_corrected"),
-        "ecc_dbe_volatile": ecc.get("volatile_uncorrected"),
-        "xid": xids[-1] if xids else None,
-    }
+    return [
+        g["index"],
+        uuid[:96],
+        verdict.value,
+        g.get("temperature_c"),
+        g.get("power_draw_w"),
+        g.get("utilization_gpu_pct"),
+        g.get("memory_used_mib"),
+        ecc.get("volatile_corrected"),
+        ecc.get("volatile_uncorrected"),
+        xids[-1] if xids else None,
+    ]

@@ -4,7 +4,7 @@ from bcm.models.auth import ApiToken, Role, User
 from bcm.models.category import Category
 from bcm.models.event import Event
 from bcm.models.gpu import Gpu
-from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
+from bcm.models.health import GpuHealth, HealthEvent, HealthRecord, NodeHealth
 from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
 from bcm.models.operation import Operation, OpState
@@ -22,7 +22,7 @@ __all__ = [
     "Gpu",
     "GpuHealth",
     "HealthEvent",
-    "HealthSample",
+    "HealthRecord",
     "Image",
     "ImageArtifact",
     "Interface",

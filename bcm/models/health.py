@@ -1,8 +1,9 @@
 """GPU health: latest state per GPU and per node, a bounded sample history, and health events.
 
 ``GpuHealth`` and ``NodeHealth`` hold one row each, overwritten by every report (the summary and
-``/metrics`` read only these). ``HealthSample`` is the history, pruned to ``settings.health.history_per_gpu``
-rows per GPU. ``HealthEvent`` records what changed: verdict changes, Xid events, drains and resumes.
+``/metrics`` read only these). ``HealthRecord`` is the history, one row per report, pruned to
+``settings.health.history_per_gpu`` reports per node. ``HealthEvent`` records what changed: verdict
+changes, Xid events, drains and resumes.
 """
 
 from __future__ import annotations
@@ -82,24 +83,34 @@ class GpuHealth(SQLModel, table=True):
     sampled_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
 
 
-class HealthSample(SQLModel, table=True):
-    """One GPU's reading from one report (the bounded history)."""
+# What one GPU's reading in a HealthRecord holds, in this order (a list per GPU keeps the row small).
+RECORD_FIELDS = (
+    "index",
+    "uuid",
+    "verdict",
+    "temperature_c",
+    "power_draw_w",
+    "utilization_gpu_pct",
+    "memory_used_mib",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "xid",
+)
 
-    __table_args__ = (Index("ix_healthsample_node_uuid_id", "node_id", "uuid", "id"),)
+
+class HealthRecord(SQLModel, table=True):
+    """One report's GPU readings (the bounded history): one row per report, whatever its GPU count.
+
+    ``gpus`` holds one list per GPU, its values in :data:`RECORD_FIELDS` order (migration 0012: one row
+    with eight readings costs the database a sixth of eight rows).
+    """
+
+    __table_args__ = (Index("ix_healthrecord_node_id_id", "node_id", "id"),)
 
     id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
-    node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")  # ix_healthsample_node_uuid_id leads with it
-    uuid: str = Field(max_length=96)
-    gpu_index: int
+    node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")  # ix_healthrecord_node_id_id leads with it
     time: datetime = Field(sa_column=ts_column(nullable=False))
-    verdict: str = Field(max_length=16)
-    temperature_c: int | None = None
-    power_draw_w: float | None = None
-    utilization_gpu_pct: int | None = None
-    memory_used_mib: int | None = None
-    ecc_sbe_volatile: int | None = Field(default=None, sa_column=Column(BigInteger))
-    ecc_dbe_volatile: int | None = Field(default=None, sa_column=Column(BigInteger))
-    xid: int | None = None
+    gpus: list[list[Any]] = Field(sa_column=json_column(nullable=False))
 
 
 class HealthEvent(SQLModel, table=True):

@@ -4,9 +4,9 @@ Ingest takes many reports in one transaction of few statements (:func:`ingest_ma
 queue in :mod:`bcm.workers.ingest` gathers them): read every node's context (category policy,
 inventoried GPU count, stored health, its GPUs' previous state) in two queries, judge each report with
 :func:`bcm.domain.health_ingest.judge` (pure: verdicts, the FAIL hold, the drain/resume decision, the
-rows), then write the GPUs' latest state (upsert), the history rows, the events and the node rows with
-:func:`bcm.db_bulk.write_rows` (one statement on PostgreSQL). History is pruned per node every
-``history_per_gpu // 10`` reports, so its cost is spread thin and each GPU keeps between
+rows), then write the GPUs' latest state (upsert), the history (one row per report), the events and the
+node rows with :func:`bcm.db_bulk.write_rows` (one statement on PostgreSQL). History is pruned per node
+every ``history_per_gpu // 10`` reports, so its cost is spread thin and each node keeps between
 ``history_per_gpu`` and 110 % of it.
 
 A report only records a decision (``NodeHealth.pending_action``); :mod:`bcm.workers.health` carries it
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -52,7 +52,7 @@ from bcm.errors import BcmError, Forbidden, InvalidInput, NotFound
 from bcm.models.base import utcnow
 from bcm.models.category import Category
 from bcm.models.gpu import Gpu
-from bcm.models.health import GpuHealth, HealthEvent, HealthSample, NodeHealth
+from bcm.models.health import GpuHealth, HealthEvent, HealthRecord, NodeHealth
 from bcm.models.node import Node
 from bcm.services import nodes as node_svc
 from bcm.settings import HealthSettings
@@ -218,32 +218,30 @@ def _store(session: Session, outcomes: list[Outcome], settings: HealthSettings) 
         conn,
         [
             (GpuHealth, [g for out in ordered for g in sorted(out.gpu_rows, key=lambda g: g["index"])], True),
-            (HealthSample, [r for out in outcomes for r in out.sample_rows], False),
+            (HealthRecord, [out.record_row for out in outcomes], False),
             (HealthEvent, [e for out in outcomes for e in out.events], False),
             (NodeHealth, [out.node_row for out in ordered], True),
         ],
     )
     for node_id in sorted({out.node_id for out in outcomes if out.prune}):
-        # after these samples are in, so each GPU keeps history_per_gpu of them
-        prune_history(session, node_id, [g["uuid"] for g in last[node_id].gpu_rows], settings)
+        # after these records are in, so the node keeps history_per_gpu of them
+        prune_history(session, node_id, settings)
 
 
 def prune_every(settings: HealthSettings) -> int:
     return max(10, settings.history_per_gpu // 10)
 
 
-def prune_history(session: Session, node_id: int, uuids: Iterable[str], settings: HealthSettings) -> None:
-    """Keep the newest ``history_per_gpu`` samples of each of this node's GPUs and its newest
-    ``events_per_node`` events (indexed DELETEs, all within the node's own rows)."""
-    for uuid in uuids:
-        session.execute(
-            text(
-                "DELETE FROM healthsample WHERE node_id = :node AND uuid = :u AND id < ("
-                "SELECT id FROM healthsample WHERE node_id = :node AND uuid = :u"
-                " ORDER BY id DESC LIMIT 1 OFFSET :n)"
-            ),
-            {"node": node_id, "u": uuid, "n": settings.history_per_gpu - 1},
-        )
+def prune_history(session: Session, node_id: int, settings: HealthSettings) -> None:
+    """Keep this node's newest ``history_per_gpu`` reports' readings and its newest ``events_per_node``
+    events (indexed DELETEs, all within the node's own rows)."""
+    session.execute(
+        text(
+            "DELETE FROM healthrecord WHERE node_id = :node AND id < ("
+            "SELECT id FROM healthrecord WHERE node_id = :node ORDER BY id DESC LIMIT 1 OFFSET :n)"
+        ),
+        {"node": node_id, "n": settings.history_per_gpu - 1},
+    )
     session.execute(
         text(
             "DELETE FROM healthevent WHERE node_id = :node AND id < ("

@@ -19,12 +19,13 @@ from bcm.errors import Conflict, InvalidInput, NotFound
 from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.health import (
+    RECORD_FIELDS,
     GpuHealth,
     GpuHealthPublic,
     GpuHistory,
     HealthEvent,
     HealthEventPublic,
-    HealthSample,
+    HealthRecord,
     HealthSamplePublic,
     HealthSummary,
     NodeHealth,
@@ -235,18 +236,40 @@ def gpu_history(
         node_id, index, node_name = node_id_of(session, node), None, node
     else:
         raise NotFound(f"no GPU with UUID {uuid!r} has reported")
-    stmt = sa_select(HealthSample).where(col(HealthSample.node_id) == node_id, col(HealthSample.uuid) == uuid)
-    if since is not None:
-        stmt = stmt.where(col(HealthSample.time) >= since)
-    samples = list(session.execute(stmt.order_by(col(HealthSample.id).desc()).limit(limit)).scalars())
+    samples = _readings(session, node_id, uuid, limit, since)
     if not found and not samples:
         raise NotFound(f"no GPU with UUID {uuid!r} has reported from node {node!r}")
-    return GpuHistory(
-        uuid=uuid,
-        node=node_name,
-        index=index,
-        samples=[HealthSamplePublic.model_validate(s, from_attributes=True) for s in samples],
-    )
+    return GpuHistory(uuid=uuid, node=node_name, index=index, samples=samples)
+
+
+def _readings(
+    session: Session, node_id: int, uuid: str, limit: int, since: datetime | None
+) -> list[HealthSamplePublic]:
+    """The GPU's readings in its node's records, newest first: pages of records by id until ``limit``
+    readings are found or the node's records (at most ``history_per_gpu`` and a pruning period) run out."""
+    at = RECORD_FIELDS.index("uuid")
+    samples: list[HealthSamplePublic] = []
+    before: int | None = None
+    page = max(limit, CHUNK)
+    while len(samples) < limit:  # bounded: every page starts below the last one's ids
+        stmt = sa_select(col(HealthRecord.id), col(HealthRecord.time), col(HealthRecord.gpus))
+        stmt = stmt.where(col(HealthRecord.node_id) == node_id)
+        if since is not None:
+            stmt = stmt.where(col(HealthRecord.time) >= since)
+        if before is not None:
+            stmt = stmt.where(col(HealthRecord.id) < before)
+        rows = session.execute(stmt.order_by(col(HealthRecord.id).desc()).limit(page)).all()
+        for _id, time, gpus in rows:
+            reading = next((g for g in gpus if len(g) > at and g[at] == uuid), None)
+            if reading is not None:
+                values = dict.fromkeys(RECORD_FIELDS) | dict(zip(RECORD_FIELDS, reading, strict=False))
+                samples.append(HealthSamplePublic.model_validate({**values, "time": time}))
+                if len(samples) == limit:
+                    break
+        if len(rows) < page:
+            break
+        before = rows[-1][0]
+    return samples
 
 
 def events(

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from bcm.db_bulk import write_rows
-from bcm.models.health import GpuHealth, HealthSample, NodeHealth
+from bcm.models.health import GpuHealth, HealthRecord, NodeHealth
 
 
 def a_node(engine: Engine, api: Any) -> int:
@@ -27,27 +27,20 @@ def test_rows_come_back_with_their_types(api: Any, engine: Engine) -> None:
     node = a_node(engine, api)
     aware = datetime(2026, 12, 4, 3, 0, 1, 123456, tzinfo=timezone(timedelta(hours=2)))
     naive = datetime(2026, 12, 4, 1, 0, 2)
-    samples = [
-        {"node_id": node, "uuid": "GPU-a'b\"c\\d", "gpu_index": 0, "time": aware, "verdict": "OK",
-         "temperature_c": 41, "power_draw_w": 312.75, "utilization_gpu_pct": 99, "memory_used_mib": 80_000,
-         "ecc_sbe_volatile": 2**62, "ecc_dbe_volatile": 0, "xid": None},
-        {"node_id": node, "uuid": "GPU-ü", "gpu_index": 1, "time": naive, "verdict": "FAIL",
-         "temperature_c": None, "power_draw_w": None, "utilization_gpu_pct": None, "memory_used_mib": None,
-         "ecc_sbe_volatile": None, "ecc_dbe_volatile": None, "xid": 79},
-    ]  # fmt: skip
+    gpus = [[0, "GPU-a'b\"c\\d", "OK", 41, 312.75, 99, 80_000, 2**62, 0, None],
+            [1, "GPU-ü", "FAIL", None, None, None, None, None, None, 79]]  # fmt: skip
+    records = [{"node_id": node, "time": aware, "gpus": gpus}, {"node_id": node, "time": naive, "gpus": gpus[1:]}]
     findings = [{"code": "xid", "detail": {"xid": 79, "text": "fell off the bus"}}]
     health = [{"node_id": node, "verdict": "FAIL", "findings": findings, "last_report_at": naive,
                "updated_at": aware, "consecutive_ok": 0, "gpu_count": 2, "drained_by_bcm": True,
                "action_attempts": 0, "samples_since_prune": 2}]  # fmt: skip
     with engine.begin() as conn:
-        write_rows(conn, [(NodeHealth, health, True), (HealthSample, samples, False)])
+        write_rows(conn, [(NodeHealth, health, True), (HealthRecord, records, False)])
     with Session(engine) as s:
-        got = s.exec(select(HealthSample).order_by(HealthSample.gpu_index)).scalars().all()  # type: ignore[call-overload]
-        assert [g.uuid for g in got] == ["GPU-a'b\"c\\d", "GPU-ü"]
+        got = s.exec(select(HealthRecord).order_by(HealthRecord.id)).scalars().all()  # type: ignore[call-overload]
+        assert [g.gpus for g in got] == [gpus, gpus[1:]]  # JSON: quotes, backslashes, 2**62, floats, None
         assert got[0].time == aware and got[0].time.utcoffset() is not None
         assert got[1].time == naive.replace(tzinfo=UTC)
-        assert got[0].power_draw_w == 312.75 and got[0].ecc_sbe_volatile == 2**62
-        assert got[1].temperature_c is None and got[1].xid == 79
         nh = s.get(NodeHealth, node)
         assert nh is not None and nh.findings == findings and nh.verdict == "FAIL" and nh.drained_by_bcm is True
         assert nh.last_report_at == naive.replace(tzinfo=UTC)
@@ -72,7 +65,7 @@ def test_upsert_replaces_every_column_but_the_key(api: Any, engine: Engine) -> N
 
 def test_nothing_to_write_is_no_statement(engine: Engine) -> None:
     with engine.begin() as conn:
-        write_rows(conn, [(HealthSample, [], False)])  # no rows: nothing sent, nothing fails
+        write_rows(conn, [(HealthRecord, [], False)])  # no rows: nothing sent, nothing fails
 
 
 def test_postgresql_sessions_run_in_utc(engine: Engine) -> None:

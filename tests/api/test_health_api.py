@@ -15,7 +15,7 @@ from bcm.agent.collector import collect
 from bcm.agent.fake_nvml import FakeNvml
 from bcm.domain.health_report import MAX_REPORT_BYTES
 from bcm.lab.fakegpu import RECORDED_NVML
-from bcm.models.health import HealthEvent, HealthSample
+from bcm.models.health import HealthEvent, HealthRecord
 
 NVML = RECORDED_NVML
 REPORT_URL = "/boot/v1/agent/report"
@@ -211,7 +211,7 @@ def test_malformed_or_oversize_reports_are_422_and_store_nothing(
     else:
         assert r.status_code == 422, r.text
         assert r.json()["error"] == "InvalidInput"
-    assert count(engine, HealthSample) == 0 and count(engine, HealthEvent) == 0
+    assert count(engine, HealthRecord) == 0 and count(engine, HealthEvent) == 0
     assert hapi.get("/api/v1/health").json()["nodes_never_reported"] == 1
 
 
@@ -233,7 +233,7 @@ def test_report_streamed_past_the_cap_or_nested_deep_is_refused_and_stores_nothi
     deep = json.dumps(report("gpu01"))[:-1] + ', "nested": ' + "[" * 5000 + "]" * 5000 + "}"  # past any limit
     r = post(hapi, tok, deep.encode())
     assert r.status_code == 422 and r.json()["field"] == "body", r.text
-    assert count(engine, HealthSample) == 0 and count(engine, HealthEvent) == 0
+    assert count(engine, HealthRecord) == 0 and count(engine, HealthEvent) == 0
 
 
 def test_missing_gpu_against_inventory_fails_node(hapi: Any, engine: Engine) -> None:
@@ -277,7 +277,36 @@ def test_history_is_bounded_per_gpu(hapi: Any, engine: Engine, settings: Any) ->
     uuid0 = ok["gpus"][0]["uuid"]
     samples = hapi.get(f"/api/v1/gpus/{uuid0}/history", params={"limit": 1000}).json()["samples"]
     assert 10 <= len(samples) <= 15  # at most one pruning period over the bound
-    assert count(engine, HealthSample) <= 3 * 15
+    assert 10 <= count(engine, HealthRecord) <= 15  # one row per report
+
+
+def test_history_holds_each_gpus_own_readings(hapi: Any, engine: Engine, monkeypatch: Any) -> None:
+    """A report's history row holds every GPU's reading; a GPU's history picks its own, newest first,
+    skipping reports it was missing from, across pages of records."""
+    from bcm.services import health_queries
+
+    monkeypatch.setattr(health_queries, "CHUNK", 2)  # records read two at a time
+    add_nodes(hapi, engine, "gpu01")
+    tok = node_token(hapi, "gpu01")
+    base = report("gpu01")
+    for i in range(6):
+        rep = copy.deepcopy(base)
+        for g in rep["gpus"]:
+            g["temperature_c"] = 40 + i
+        if i % 2:  # GPU 1 missing from every other report
+            rep["gpus"] = [g for g in rep["gpus"] if g["index"] != 1]
+        assert post(hapi, tok, rep).status_code == 202
+    uuid0, uuid1 = base["gpus"][0]["uuid"], base["gpus"][1]["uuid"]
+
+    def temps(uuid: str, **params: Any) -> list[int]:
+        r = hapi.get(f"/api/v1/gpus/{uuid}/history", params={"node": "gpu01", **params})
+        assert r.status_code == 200, r.text
+        return [x["temperature_c"] for x in r.json()["samples"]]
+
+    assert temps(uuid0) == [45, 44, 43, 42, 41, 40]
+    assert temps(uuid1) == [44, 42, 40]
+    assert temps(uuid1, limit=2) == [44, 42]
+    assert count(engine, HealthRecord) == 6
 
 
 def test_stale_sweep_marks_silent_nodes_unknown(hapi: Any, engine: Engine, settings: Any) -> None:

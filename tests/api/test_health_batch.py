@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from bcm.domain.health_report import HealthReport
 from bcm.errors import BcmError, Forbidden, InvalidInput, Unauthorized, Unavailable
-from bcm.models.health import GpuHealth, HealthSample, NodeHealth
+from bcm.models.health import GpuHealth, HealthRecord, NodeHealth
 from bcm.workers.ingest import IngestQueue
 from tests.api.test_health_api import add_nodes, node_token, report, with_xid
 
@@ -47,7 +47,6 @@ def test_reports_arriving_together_are_one_batch_with_their_own_answers(
     (health.ingest_processes): the same answers either way."""
     add_nodes(api, engine, "gpu[01-05]")
     tok = {n: node_token(api, n) for n in ("gpu01", "gpu02", "gpu03", "gpu04", "gpu05")}
-    gpus = len(report("gpu01")["gpus"])
     health = settings.health.model_copy(update={"ingest_processes": processes})
     queue = IngestQueue(engine, settings.model_copy(update={"health": health}))
 
@@ -73,8 +72,8 @@ def test_reports_arriving_together_are_one_batch_with_their_own_answers(
     assert isinstance(invalid, InvalidInput) and invalid.field, invalid
     assert isinstance(refused, InvalidInput) and refused.field == "gpus.0.index"
     # what was accepted is stored, nothing of what was refused
-    assert rows(engine, HealthSample, "gpu01") == gpus and rows(engine, HealthSample, "gpu02") == gpus
-    assert rows(engine, HealthSample, "gpu03") == 0 and rows(engine, HealthSample, "gpu04") == 0
+    assert rows(engine, HealthRecord, "gpu01") == 1 and rows(engine, HealthRecord, "gpu02") == 1  # one per report
+    assert rows(engine, HealthRecord, "gpu03") == 0 and rows(engine, HealthRecord, "gpu04") == 0
     assert api.get("/api/v1/health").json()["failing"] == ["gpu02"]
 
 
@@ -96,7 +95,7 @@ def test_a_nodes_two_reports_in_one_batch_are_judged_in_order(api: Any, engine: 
     # the second met the state the first left: a FAIL holds until enough healthy reports in a row
     assert (second.verdict, second.report_verdict, second.action) == ("FAIL", "OK", None)
     assert rows(engine, GpuHealth, "gpu01") == gpus  # one latest row per GPU (upserted once per statement)
-    assert rows(engine, HealthSample, "gpu01") == 2 * gpus
+    assert rows(engine, HealthRecord, "gpu01") == 2
     with Session(engine) as s:
         nh = s.execute(select(NodeHealth.consecutive_ok, NodeHealth.pending_action)).one()
     assert tuple(nh) == (1, "drain")
@@ -119,7 +118,7 @@ def test_a_full_queue_refuses_with_retry_after_and_keeps_what_it_took(
     assert taken.node == "gpu01"
     assert isinstance(refused, Unavailable) and refused.status_code == 503 and refused.retry_after >= 1
     assert "waiting" in refused.message
-    assert rows(engine, HealthSample, "gpu02") == 0
+    assert rows(engine, HealthRecord, "gpu02") == 0
 
 
 def test_stopping_writes_the_waiting_reports_and_refuses_new_ones(api: Any, engine: Engine, settings: Any) -> None:
@@ -141,7 +140,7 @@ def test_stopping_writes_the_waiting_reports_and_refuses_new_ones(api: Any, engi
     done, late = asyncio.run(go())
     assert [r.node for r in done] == ["gpu01", "gpu02"]
     assert isinstance(late, Unavailable)
-    assert rows(engine, HealthSample, "gpu03") == 0
+    assert rows(engine, HealthRecord, "gpu03") == 0
 
 
 @pytest.mark.parametrize("agents", [1, 30])
@@ -161,7 +160,7 @@ def test_over_http_every_report_is_answered_after_it_is_stored(api: Any, engine:
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(agents, 16)) as pool:
         answers = dict(zip(names, pool.map(one, names), strict=True))
     assert {n: (r.status_code, r.json()["node"]) for n, r in answers.items()} == {n: (202, n) for n in names}
-    assert all(rows(engine, HealthSample, n) > 0 for n in names)
+    assert all(rows(engine, HealthRecord, n) > 0 for n in names)
 
 
 @pytest.mark.parametrize(("linger_ms", "batches"), [(2_000, 2), (0, 4)], ids=["lingering", "at-once"])

@@ -1,9 +1,11 @@
 """What a health report costs the database (SQLite and PostgreSQL): a node's second report updates its
-GPU and node health rows in place — on PostgreSQL as heap-only tuples, with no index entry written — and
-no index is kept that another one already covers (migration 0011)."""
+GPU and node health rows in place — on PostgreSQL as heap-only tuples, with no index entry written — no
+index is kept that another one already covers (migration 0011), and a report's history is one row,
+whatever its GPU count (migration 0012)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import inspect, text
@@ -19,9 +21,9 @@ NODES = 64  # enough rows to fill many pages: an update of a full page cannot st
 
 
 def test_no_index_is_written_twice_or_on_every_report(engine: Engine) -> None:
-    indexes = {t: [i["column_names"] for i in inspect(engine).get_indexes(t)] for t in ("healthsample", "nodehealth")}
-    assert ["node_id", "uuid", "id"] in indexes["healthsample"]
-    assert ["node_id"] not in indexes["healthsample"]  # the history's index leads with it
+    indexes = {t: [i["column_names"] for i in inspect(engine).get_indexes(t)] for t in ("healthrecord", "nodehealth")}
+    assert indexes["healthrecord"] == [["node_id", "id"]]  # the history, the pruning, a node's deletion
+    assert "healthsample" not in inspect(engine).get_table_names()  # one row per GPU and report: gone
     assert not [cols for cols in indexes["nodehealth"] if "last_report_at" in cols]  # every report changes it
 
 
@@ -36,6 +38,10 @@ def test_a_second_report_updates_health_rows_in_place(api: Any, engine: Engine, 
     with Session(engine) as s, s.begin():
         results = ingest_many(s, reports, settings.health)  # the same reports again: every row updated
         assert [r.verdict for r in results] == ["OK"] * NODES  # type: ignore[union-attr]
+        history = [(n, json.loads(g) if isinstance(g, str) else g)  # SQLite: JSON text
+                   for n, g in s.execute(text("SELECT node_id, gpus FROM healthrecord"))]  # fmt: skip
+        assert len(history) == 2 * NODES  # one row per report, each with every GPU's reading
+        assert all([r[0] for r in readings] == list(range(gpus)) for _, readings in history)
         if engine.dialect.name != "postgresql":
             return  # SQLite updates rows where they are
         counts = {

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from tests.api.test_auth import make_token
 from tests.api.test_health_api import add_nodes, node_token, post, report, with_xid
 
-TABLES = ("node", "interface", "category", "gpu", "gpuhealth", "healthsample", "healthevent", "nodehealth")
+TABLES = ("node", "interface", "category", "gpu", "gpuhealth", "healthrecord", "healthevent", "nodehealth")
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 ED25519_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBG1QZ0pg8FOrXbZ9dUjGI9JtHqbJt6VTxvRWC+0qO3z"
 
@@ -181,8 +181,7 @@ def test_a_node_cannot_evict_another_nodes_gpu_history(api: Any, engine: Engine,
         assert post(api, attacker, report("gpu02")).status_code == 202
     with engine.connect() as conn:
         kept = conn.execute(
-            text("SELECT count(*) FROM healthsample s JOIN node n ON n.id = s.node_id WHERE n.name = 'gpu01' AND s.uuid = :u"),
-            {"u": uuid},
+            text("SELECT count(*) FROM healthrecord r JOIN node n ON n.id = r.node_id WHERE n.name = 'gpu01'")
         ).scalar_one()
     assert kept == 5
     r = api.get(f"/api/v1/gpus/{uuid}/history")

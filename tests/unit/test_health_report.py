@@ -17,6 +17,7 @@ from bcm.domain.health import Thresholds, Verdict, evaluate
 from bcm.domain.health_ingest import Context, judge
 from bcm.domain.health_report import HealthReport
 from bcm.lab.fakegpu import RECORDED_NVML
+from bcm.models.health import RECORD_FIELDS
 from tests.paths import set_path
 
 DATA = RECORDED_NVML
@@ -110,4 +111,6 @@ def test_a_sample_with_only_its_index_is_judged_and_stored_as_readings_not_offer
     readings = set(bare) - {"node_id", "index", "uuid", "verdict", "reasons", "xid_count", "sampled_at", "last_xid"}
     assert readings and all(bare[k] is None for k in readings), bare
     assert out.gpu_rows[1]["ecc_sbe_volatile"] is None and out.gpu_rows[1]["temperature_c"] is not None
-    assert out.sample_rows[0]["temperature_c"] is None and out.sample_rows[0]["ecc_dbe_volatile"] is None
+    stored = dict(zip(RECORD_FIELDS, out.record_row["gpus"][0], strict=True))  # the history's reading
+    assert stored["index"] == 0 and stored["uuid"] == "gpu01:gpu0" and stored["verdict"] == "OK"
+    assert stored["temperature_c"] is None and stored["ecc_dbe_volatile"] is None
