@@ -38,7 +38,8 @@ class HealthSettings(BaseModel):
     interval_s: float = Field(default=30.0, gt=0)
     stale_intervals: int = Field(default=3, ge=1)
     resume_after_ok_intervals: int = Field(default=3, ge=1)
-    history_per_gpu: int = Field(default=1000, ge=1)
+    # reports whose readings each node keeps (a GPU's history: one reading per report that had it)
+    history_per_gpu: int = Field(default=1000, ge=1, le=1_000_000)
     events_per_node: int = Field(default=1000, ge=1)
     # reports waiting to be written (beyond: 503 + Retry-After) and reports per write transaction
     ingest_queue: int = Field(default=5000, ge=1, le=1_000_000)
