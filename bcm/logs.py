@@ -42,11 +42,17 @@ class ScriptNames(logging.Filter):
         return True
 
 
-def configure(level: str) -> str:
-    """Set up the root handler; returns the level to give uvicorn for its own loggers."""
+def level_number(level: str) -> int:
+    """``debug``, ``info``, ``warning`` or ``error`` (any case) as logging's number; ValueError otherwise."""
     wanted = logging.getLevelName(level.upper())
     if not isinstance(wanted, int):
         raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
+    return wanted
+
+
+def configure(level: str) -> str:
+    """Set up the root handler; returns the level to give uvicorn for its own loggers."""
+    wanted = level_number(level)
     debug = wanted <= logging.DEBUG
     logging.basicConfig(level=wanted if debug else logging.WARNING, format=FORMAT, force=True)
     logging.getLogger("bcm").setLevel(wanted)

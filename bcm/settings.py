@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -142,6 +142,14 @@ class Settings(BaseSettings):
     power: PowerSettings = PowerSettings()
     http: HttpSettings = HttpSettings()
     images: ImagesSettings = ImagesSettings()
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        from bcm.logs import level_number
+
+        level_number(level)  # refused here, before anything starts, not when logging is set up
+        return level
 
     @property
     def effective_database_url(self) -> str:

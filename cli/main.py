@@ -61,10 +61,12 @@ def serve(
     }
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
-    except ValidationError as exc:  # a setting from the environment: name its variable, no traceback
+    except ValidationError as exc:  # name the option or variable it came from, no traceback
         first = exc.errors()[0]
-        name = "BCM_" + "__".join(str(part) for part in first["loc"]).upper()
-        raise CliError(f"setting {name}: {first['msg']}") from None
+        loc = [str(part) for part in first["loc"]]
+        if loc[0] in overrides:
+            raise CliError(f"option --{loc[0].replace('_', '-')}: {first['msg']}") from None
+        raise CliError(f"setting BCM_{'__'.join(loc).upper()}: {first['msg']}") from None
     run(settings)
 
 

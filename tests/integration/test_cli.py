@@ -77,6 +77,11 @@ def test_errors_are_one_red_line(server: Server) -> None:
     # a bad setting stops `bcm serve` with the variable named, before anything is started
     bad = {"BCM_HEALTH__INGEST_LINGER_MS": "-1", "BCM_STATE_DIR": str(server.state_dir / "never")}
     failed_with(server.cli("serve", "--port", "1", **bad), "BCM_HEALTH__INGEST_LINGER_MS", "greater than or equal to 0")
+    never = {"BCM_STATE_DIR": str(server.state_dir / "never")}
+    failed_with(server.cli("serve", "--port", "70000", **never), "option --port", "65535")
+    failed_with(server.cli("serve", "--log-level", "loud", **never), "option --log-level", "use debug, info")
+    failed_with(server.cli("serve", **never, BCM_LOG_LEVEL="loud"), "setting BCM_LOG_LEVEL", "use debug, info")
+    assert not (server.state_dir / "never").exists()  # nothing was started
 
 
 def test_tokens_and_roles_from_the_cli(server: Server) -> None:
