@@ -246,11 +246,12 @@ def _readings(
     session: Session, node_id: int, uuid: str, limit: int, since: datetime | None
 ) -> list[HealthSamplePublic]:
     """The GPU's readings in its node's records, newest first: pages of records by id until ``limit``
-    readings are found or the node's records (at most ``history_per_gpu`` and a pruning period) run out."""
+    readings are found or the node's records (at most ``history_per_gpu`` and a pruning period) run out.
+    The first page is ``limit`` records (a GPU is in nearly every report); later ones ``CHUNK`` or more."""
     at = RECORD_FIELDS.index("uuid")
     samples: list[HealthSamplePublic] = []
     before: int | None = None
-    page = max(limit, CHUNK)
+    page = limit
     while len(samples) < limit:  # bounded: every page starts below the last one's ids
         stmt = sa_select(col(HealthRecord.id), col(HealthRecord.time), col(HealthRecord.gpus))
         stmt = stmt.where(col(HealthRecord.node_id) == node_id)
@@ -268,7 +269,7 @@ def _readings(
                     break
         if len(rows) < page:
             break
-        before = rows[-1][0]
+        before, page = rows[-1][0], max(limit, CHUNK)
     return samples
 
 

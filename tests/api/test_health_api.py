@@ -285,7 +285,7 @@ def test_history_holds_each_gpus_own_readings(hapi: Any, engine: Engine, monkeyp
     skipping reports it was missing from, across pages of records."""
     from bcm.services import health_queries
 
-    monkeypatch.setattr(health_queries, "CHUNK", 2)  # records read two at a time
+    monkeypatch.setattr(health_queries, "CHUNK", 3)  # after a first page of `limit` records, three at a time
     add_nodes(hapi, engine, "gpu01")
     tok = node_token(hapi, "gpu01")
     base = report("gpu01")

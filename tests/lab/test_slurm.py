@@ -191,7 +191,7 @@ def test_accounting_db_is_created_and_dropped(lab_required: None, tmp_path: Path
         pass_file = tmp_path / accounting.PASS_FILE
         assert pass_file.read_text().strip() == db.password and pass_file.stat().st_mode & 0o077 == 0
         accounting.sql(f"CREATE TABLE `{db.name}`.leftover (id INT);\n")  # an earlier lab's data
-        again = accounting.AccountingDb.for_lab("bcmprobe", tmp_path)  # idempotent, new password
+        again = accounting.AccountingDb.for_lab("bcmprobe", tmp_path)  # same names, new password
         assert again.name == db.name and again.password != db.password
         assert accounting.sql(f"SHOW TABLES FROM `{db.name}`;\n").split() == []  # the new lab starts empty
     finally:
