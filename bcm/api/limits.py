@@ -101,6 +101,16 @@ class AuthFailures:
                     f"too many failed authentications from {client}; retry in {retry} s", retry_after=retry
                 )
 
+    def refusal(self, client: str, path: str, reason: str, error: BcmError) -> BcmError:
+        """Count a failed authentication and give the error to raise: ``error`` itself, or a 429 once the
+        client is over the limit (the caller verifies first, so a valid token is never braked)."""
+        self.failed(client, path, reason)
+        try:
+            self.check(client)
+        except TooManyRequests as braked:
+            return braked
+        return error
+
     def failed(self, client: str, path: str, reason: str) -> None:
         now = time.monotonic()
         with self._lock:
