@@ -16,6 +16,8 @@ from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError, R
 from bcm.errors import InvalidInput
 
 MAX_HOSTLIST_NODES = 20000
+# ClusterShell asserts (an AssertionError, a 500) on a range spanning 10^9 numbers or more, steps or not
+MAX_RANGE_SPAN = 999_999_999
 MAX_HOSTLIST_CHARS = 65535
 _NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _MAC_RE = re.compile(r"[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}")
@@ -101,6 +103,10 @@ def _ranges_size(body: str, pattern: str, field: str) -> int:
         step = int(m.group(3)) if m.group(3) is not None else 1
         if hi < lo or step < 1:
             raise InvalidInput(f"{field}: range {item!r} runs backwards or has a zero step", field=field)
+        if hi - lo >= MAX_RANGE_SPAN:
+            raise InvalidInput(
+                f"{field}: range {item!r} spans {MAX_RANGE_SPAN:,} numbers or more; name smaller ranges", field=field
+            )
         count += (hi - lo) // step + 1
         if count > MAX_HOSTLIST_NODES:
             break
@@ -115,7 +121,8 @@ def expand_hostlist(pattern: str, field: str = "nodes") -> list[str]:
     hostlist_size(pattern, field)
     try:
         nodeset = NodeSet(pattern, resolver=RESOLVER_NOGROUP)
-    except (NodeSetParseError, RangeSetParseError, ValueError):
+    except (NodeSetParseError, RangeSetParseError, ValueError, AssertionError):
+        # ClusterShell states some of its limits as assertions; each is the user's input, never a 500
         raise InvalidInput(f"{field}: malformed hostlist {_shown(pattern)}", field=field) from None
     names = list(nodeset)
     for name in names:

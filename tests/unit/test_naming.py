@@ -70,3 +70,15 @@ def test_node_overrides_category_overrides_default() -> None:
     assert eff.values["kernel_args"] == "quiet" and eff.sources["kernel_args"] == "category"
     assert eff.values["wlm_role"] == "compute" and eff.sources["wlm_role"] == "default"
     assert effective_settings({}, None).sources == {k: "default" for k in eff.sources}
+
+
+@pytest.mark.parametrize("stepped", ["a[0-999999999/999999999]", "a[0-999999999/2]", "a[1,0-999999999/500000000]"])
+def test_a_stepped_range_spanning_a_billion_is_refused_naming_the_field(stepped: str) -> None:
+    # the size (2 names) was fine, but ClusterShell asserted "range too large": a 500 on every hostlist route
+    with pytest.raises(InvalidInput) as exc:
+        expand_hostlist(stepped, "discover_names")
+    assert exc.value.field == "discover_names" and "spans" in str(exc.value)
+
+
+def test_a_stepped_range_below_the_span_limit_expands() -> None:
+    assert expand_hostlist("a[0-999999997/499999998]") == ["a0", "a499999998", "a999999996"]
