@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -36,9 +37,10 @@ def make_engine(url: str, db: DbSettings | None = None, **kwargs: Any) -> Engine
     """
     db = db or DbSettings()
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
+        path = url.split("///", 1)[-1].split("?", 1)[0]
+        if "///" in url and path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite_files(Path(path))
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": db.busy_timeout_s},
@@ -84,6 +86,15 @@ def make_engine(url: str, db: DbSettings | None = None, **kwargs: Any) -> Engine
         dbapi_conn.commit()  # a rolled-back SET would not stick
 
     return engine
+
+
+def private_sqlite_files(path: Path) -> None:
+    """The database file 0600 like the other secrets (it holds token hashes and encrypted BMC passwords),
+    created so before SQLite opens it; SQLite gives its -wal and -shm files the database file's mode."""
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists() and file.stat().st_mode & 0o077:
+            os.chmod(file, 0o600)
 
 
 _WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER", "BEGIN"})

@@ -48,6 +48,14 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def forwarding(settings: Settings) -> tuple[bool, list[str] | None]:
+    """uvicorn's ``proxy_headers`` and ``forwarded_allow_ips``: X-Forwarded-* believed only from
+    ``http.trusted_proxies`` (uvicorn's own default believes 127.0.0.1, so the client address would follow
+    a header whenever anything on the head node relays a request)."""
+    proxies = settings.http.proxies
+    return (True, proxies) if proxies else (False, None)
+
+
 def serve(settings: Settings) -> None:
     uvicorn_level = logs.configure(settings.log_level)
     engine, token_file = prepare(settings)
@@ -65,6 +73,7 @@ def serve(settings: Settings) -> None:
     app = create_app(settings, engine)
     size_pool(settings.images.max_transfers)
     tune_gc()
+    proxy_headers, trusted = forwarding(settings)
     uvicorn.run(
         app,
         host=settings.host,
@@ -72,6 +81,8 @@ def serve(settings: Settings) -> None:
         log_level=uvicorn_level,
         access_log=False,
         http=PathsendProtocol,  # whole boot artifacts by sendfile(2) (bcm.pathsend)
+        proxy_headers=proxy_headers,
+        forwarded_allow_ips=trusted,
         # a request line may carry a long hostlist (8192 characters, percent-encoded up to 3 bytes each)
         h11_max_incomplete_event_size=64 * 1024,
     )

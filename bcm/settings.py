@@ -57,6 +57,14 @@ class HttpSettings(BaseModel):
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=1_073_741_824)
     max_json_depth: int = Field(default=32, ge=4, le=256)
     auth_failures_per_minute: int = Field(default=30, ge=1, le=100_000)
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # the whole body, from the first byte read; 408
+    # comma-separated addresses/networks (or "*") whose X-Forwarded-For / -Proto are believed; none by
+    # default, so the client address (logs, the brake, hello's node address) is the TCP peer's
+    trusted_proxies: str = Field(default="", max_length=4096, pattern=r"^[0-9A-Fa-f.:/*, ]*$")
+
+    @property
+    def proxies(self) -> list[str]:
+        return [p.strip() for p in self.trusted_proxies.split(",") if p.strip()]
 
 
 class PowerSettings(BaseModel):
@@ -123,6 +131,20 @@ class ImagesSettings(BaseModel):
     keep_versions: int = Field(default=3, ge=1, le=1000)  # ready versions kept per image (current always)
     build_timeout_s: float = Field(default=7200.0, gt=0, le=86400)
     max_transfers: int = Field(default=16, ge=1, le=4096)  # concurrent artifact downloads; more get 503
+    max_transfers_per_client: int = Field(default=4, ge=1, le=4096)  # of those, per client address
+    # a download that moves fewer than min_rate_bytes_s * min_rate_window_s bytes in a window is dropped
+    min_rate_bytes_s: int = Field(default=65_536, ge=0, le=1 << 34)  # 0: never dropped for being slow
+    min_rate_window_s: float = Field(default=30.0, gt=0, le=3600)
+
+
+class AuditSettings(BaseModel):
+    """Retention of the audit log (events): pruned by age and by count, noise first."""
+
+    retention_days: float = Field(default=90.0, gt=0, le=36_500)  # older events are deleted
+    # beyond this, the oldest events go, unauthenticated and system ones first; an admin's or operator's
+    # action inside the retention is never deleted for the count
+    max_events: int = Field(default=100_000, ge=100, le=1_000_000_000)
+    prune_interval_s: float = Field(default=60.0, gt=0, le=86_400)
 
 
 class Settings(BaseSettings):
@@ -142,6 +164,7 @@ class Settings(BaseSettings):
     power: PowerSettings = PowerSettings()
     http: HttpSettings = HttpSettings()
     images: ImagesSettings = ImagesSettings()
+    audit: AuditSettings = AuditSettings()
 
     @field_validator("log_level")
     @classmethod

@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -20,11 +21,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from bcm import __version__, db_errors
 from bcm.api import metrics, responses
 from bcm.api.boot import agent as boot_agent
+from bcm.api.deps import Viewer
 from bcm.api.limits import AuthFailures, BodyLimits
 from bcm.api.responses import ERRORS
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tenancy, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
+from bcm.workers import audit as audit_worker
 
 log = logging.getLogger("bcm.api")
 
@@ -98,9 +101,13 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         from bcm.workers import power as power_worker
 
         power_poll = asyncio.create_task(power_worker.poll_loop(engine, settings), name="bcm-power-poll")
+        audit_prune = asyncio.create_task(audit_worker.loop(engine, settings), name="bcm-audit-prune")
         try:
             yield
         finally:
+            audit_prune.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await audit_prune
             await app.state.ingest.stop()  # the reports already taken are written, new ones get a 503
             power_poll.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,6 +126,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Head-node server for bare-metal GPU clusters",
+        openapi_url=None,  # served below, behind a viewer token like the API it describes
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -128,6 +138,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         max_body_bytes=settings.http.max_body_bytes,
         max_json_depth=settings.http.max_json_depth,
         self_limited=frozenset({boot_agent.REPORT_PATH}),
+        body_timeout_s=settings.http.body_timeout_s,
     )
     app.add_exception_handler(BcmError, _bcm_error)
     responses.install(app)
@@ -153,6 +164,16 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
             headers = {"Retry-After": str(ready_err.retry_after)}
             return JSONResponse(status_code=503, content=ready_err.to_dict(), headers=headers)
         return JSONResponse({"status": "ready", "version": __version__})
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(_token: Viewer) -> JSONResponse:
+        """The API's OpenAPI document (viewer token)."""
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(_token: Viewer) -> HTMLResponse:
+        """Swagger UI for the OpenAPI document (viewer token)."""
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="bcm API")
 
     from bcm.api.v1 import power
 

@@ -71,17 +71,19 @@ def bearer(request: Request) -> str | None:
 
 
 def verified_token(request: Request, session: Session) -> ApiToken:
-    """The caller's live token; failures are logged (never the token) and braked per client address."""
-    failures = request.app.state.auth_failures
-    client = request.client.host if request.client else "unknown"
-    failures.check(client)
+    """The caller's live token; failures are logged (never the token) and braked per client address.
+
+    The token is verified first: a valid one passes even from an address braked for failing too often
+    (the brake slows guessing; it must not lock the rightful holder out of a shared address).
+    """
     presented = bearer(request)
     try:
         return auth.verify(session, presented)
     except Unauthorized as exc:
-        if presented:  # a wrong token is a guess; a missing one is a client not set up yet
-            failures.failed(client, request.url.path, exc.message)
-        raise
+        if not presented:  # a missing token is a client not set up yet, not a guess
+            raise
+        client = request.client.host if request.client else "unknown"
+        raise request.app.state.auth_failures.refusal(client, request.url.path, exc.message, exc) from None
 
 
 def current_token(request: Request, session: SessionDep) -> ApiToken:

@@ -283,11 +283,24 @@ def test_guessing_tokens_is_logged_without_the_token_and_braked(
     assert codes[:limit] == [401] * limit and codes[limit:] == [429, 429]
     r = api.get("/api/v1/nodes", headers={"Authorization": f"Bearer {guess}"})
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
-    # even the right token waits: the brake is per address, before any token is looked at
-    assert api.get("/api/v1/nodes").status_code == 429
+    # the token is verified first: the rightful holder behind the same address is never locked out
+    assert api.get("/api/v1/nodes").status_code == 200
+    # and a missing token is a 401 (a client not set up), not a guess
+    assert api.get("/api/v1/nodes", headers={"Authorization": ""}).status_code == 401
     logged = [rec.getMessage() for rec in caplog.records if rec.name == "bcm.api.auth"]
     assert len(logged) == limit and all("authentication failed from" in m for m in logged)
     assert not any(guess in m for m in logged)
+
+
+def test_guessing_node_tokens_on_the_report_route_is_braked_and_the_node_still_reports(
+    api: Any, engine: Engine, settings: Any
+) -> None:
+    add_nodes(api, engine, "gpu01")
+    tok = node_token(api, "gpu01")
+    limit = settings.http.auth_failures_per_minute
+    guesses = [post(api, f"bcm_{'n' * 43}{i}", report("gpu01")).status_code for i in range(limit + 2)]
+    assert guesses[:limit] == [401] * limit and guesses[limit:] == [429, 429]
+    assert post(api, tok, report("gpu01")).status_code == 202  # a valid node token from the same address
 
 
 def test_health_events_are_pruned_per_node(api: Any, engine: Engine, settings: Any) -> None:

@@ -2,36 +2,56 @@
 
 Only a node's own agent token is accepted; the node is known from the token, never from the body
 (a report naming another host is refused with 403). The body is capped at ``MAX_REPORT_BYTES``
-before it is parsed (413 beyond it); a malformed report is a 422; either way nothing is stored.
+before it is parsed (413 beyond it) and must arrive within ``http.body_timeout_s`` (408); a body that is
+not UTF-8 without a byte-order mark is a 400, a NUL character in it or a malformed report a 422 (after
+the token is checked); either way nothing is stored.
 """
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from bcm.api.deps import bearer
+from bcm.api.limits import RequestTimeout, json_text, nul_refusal
 from bcm.domain.health_report import MAX_REPORT_BYTES
-from bcm.errors import PayloadTooLarge, Unauthorized
+from bcm.errors import BcmError, PayloadTooLarge, Unauthorized
 from bcm.models.health import ReportAccepted
 
 router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
 REPORT_PATH = "/boot/v1/agent/report"  # capped here, parsed by pydantic: exempt from BodyLimits
 
 
-async def capped_body(request: Request) -> bytes:
-    """The request body, refused (413) as soon as it passes MAX_REPORT_BYTES."""
+async def capped_body(request: Request, timeout_s: float | None = None) -> bytes:
+    """The request body, refused (413) as soon as it passes MAX_REPORT_BYTES, or (408) when it has not
+    all arrived within ``timeout_s`` (default ``http.body_timeout_s``)."""
+    if timeout_s is None:
+        timeout_s = request.app.state.settings.http.body_timeout_s
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > MAX_REPORT_BYTES:
         raise PayloadTooLarge(f"report of {declared} bytes exceeds the limit of {MAX_REPORT_BYTES}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_REPORT_BYTES:
-            raise PayloadTooLarge(f"report exceeds the limit of {MAX_REPORT_BYTES} bytes")
-        chunks.append(chunk)
+    with anyio.move_on_after(timeout_s) as timer:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_REPORT_BYTES:
+                raise PayloadTooLarge(f"report exceeds the limit of {MAX_REPORT_BYTES} bytes")
+            chunks.append(chunk)
+    if timer.cancelled_caught:
+        raise RequestTimeout(f"body: not received within {timeout_s:g} s", field="body")
     return b"".join(chunks)
+
+
+def body_problem(body: bytes) -> BcmError | None:
+    """What the report's bytes break before any parser sees them: not UTF-8 without a BOM (400), a NUL
+    character in a string (422 naming the field; PostgreSQL stores none)."""
+    try:
+        json_text(body)
+    except BcmError as exc:
+        return exc
+    return nul_refusal(body)
 
 
 MISSING_BEARER = "no token: send `Authorization: Bearer <node token>`"
@@ -62,21 +82,19 @@ async def report(request: Request) -> Response:
     token = bearer(request)
     if token is None:
         raise Unauthorized(MISSING_BEARER)  # before the body is read
-    body = await capped_body(request)
-    failures = request.app.state.auth_failures
-    client = request.client.host if request.client else "unknown"
-    failures.check(client)
+    state = request.app.state
+    body = await capped_body(request, state.settings.http.body_timeout_s)
     try:  # parsed and validated by the writer, after the token check (bcm.workers.ingest)
-        result = await request.app.state.ingest.submit(token, body)
+        result = await state.ingest.submit(token, body_problem(body) or body)
     except Unauthorized as exc:
-        failures.failed(client, request.url.path, exc.message)
-        raise
+        # verified first: a valid token passes even from an address braked for others' guesses
+        client = request.client.host if request.client else "unknown"
+        raise state.auth_failures.refusal(client, request.url.path, exc.message, exc) from None
     background = None
     if result.action is not None:
         # runs after the response; the decision was committed with the report
         from bcm.workers.health import apply_pending
 
-        state = request.app.state
         background = BackgroundTask(apply_pending, state.engine, state.settings, [result.node_id])
     accepted = {"node": result.node, "verdict": result.verdict, "report_verdict": result.report_verdict,
                 "action": result.action}  # fmt: skip
