@@ -115,6 +115,11 @@ class PxeSettings(BaseModel):
     provision_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
     max_concurrent: int = Field(default=20, ge=1, le=10000)
     max_discovered: int = Field(default=4096, ge=1, le=1_000_000)
+    # one unauthenticated discovery post stores at most this much JSON (an HGX server's facts are ~120 KiB)
+    max_facts_bytes: int = Field(default=262_144, ge=4096, le=16_777_216)
+    max_discovered_bytes: int = Field(default=134_217_728, ge=65_536, le=2**40)  # all discovered machines' facts
+    # a discovery rule names at most this many machines that were never provisioned; the rest stay discovered
+    max_rule_registered: int = Field(default=256, ge=1, le=1_000_000)
     kernel_args: str = Field(default="console=tty0 console=ttyS0,115200", max_length=512)  # the last is /dev/console
 
 

@@ -3,6 +3,12 @@
 No I/O. Every parser takes text and returns models; a missing, empty or malformed section leaves
 its fields empty and adds one line to ``HardwareFacts.warnings`` instead of raising, because one
 odd node (old util-linux, no iproute2 JSON, a broken BMC) must still be inventoried.
+
+The models are also what an unauthenticated machine posts to ``/boot/v1/discover``, so every string,
+list and integer is bounded and strings hold no control characters (NUL reaches no database; escape
+sequences reach no terminal): validating a :class:`HardwareFacts` refuses them (a 422 naming the field).
+The parsers drop control characters from what they read, so a node's odd firmware strings never make
+its own facts invalid.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import re
 import shlex
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import AfterValidator, BaseModel, Field, computed_field
+
+from bcm.domain.bounds import INT64_MAX
 
 NVIDIA_PCI_VENDOR_ID = "10de"
 # Block devices that are not storage a node can be provisioned onto.
@@ -24,64 +32,95 @@ _NA_VALUES = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown 
 _NO_DRIVER_MARKERS = ("couldn't communicate with the nvidia driver", "driver/library version mismatch")
 _NO_DRIVER_EXIT_STATUS = 9
 
+# C0 controls, DEL and C1 controls (ESC and CSI start terminal escapes; NUL no PostgreSQL text can hold)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # a message may keep its lines and tabs
+MAX_FACT_STRING = 256
+MAX_FACT_TEXT = 4096
+MAX_FACT_ITEMS = 1024  # disks, NICs, addresses of a NIC, warnings (the bytes of all are capped too)
+MAX_PCI_DEVICES = 2048  # an HGX server shows about 400
+MAX_GPUS = 64
+
+
+def _no_control(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("control characters are not allowed")
+    return value
+
+
+def _no_control_but_lines(value: str) -> str:
+    if _CONTROL_BUT_LINES.search(value):
+        raise ValueError("control characters other than newline and tab are not allowed")
+    return value
+
+
+def printable(text: str) -> str:
+    """``text`` without control characters (newlines and tabs kept): what a parser stores of what it read."""
+    return _CONTROL_BUT_LINES.sub("", text)
+
+
+FactStr = Annotated[str, Field(max_length=MAX_FACT_STRING), AfterValidator(_no_control)]
+FactText = Annotated[str, Field(max_length=MAX_FACT_TEXT), AfterValidator(_no_control_but_lines)]
+FactInt = Annotated[int, Field(ge=0, le=INT64_MAX)]  # sizes and counts; a BIGINT holds any of them
+
 
 class CpuFacts(BaseModel):
-    model: str | None = None
-    vendor: str | None = None
-    architecture: str | None = None
-    sockets: int | None = None
-    cores: int | None = Field(default=None, description="physical cores, all sockets")
-    threads: int | None = Field(default=None, description="logical CPUs")
-    numa_nodes: int | None = None
+    model: FactStr | None = None
+    vendor: FactStr | None = None
+    architecture: FactStr | None = None
+    sockets: FactInt | None = None
+    cores: FactInt | None = Field(default=None, description="physical cores, all sockets")
+    threads: FactInt | None = Field(default=None, description="logical CPUs")
+    numa_nodes: FactInt | None = None
 
 
 class DiskFacts(BaseModel):
-    name: str
-    size_bytes: int | None = None
-    type: str | None = None
-    model: str | None = None
-    serial: str | None = None
+    name: FactStr
+    size_bytes: FactInt | None = None
+    type: FactStr | None = None
+    model: FactStr | None = None
+    serial: FactStr | None = None
     rotational: bool | None = None
-    transport: str | None = None
+    transport: FactStr | None = None
 
 
 class NicFacts(BaseModel):
-    name: str
-    mac: str | None = None
-    speed_mbps: int | None = None
-    mtu: int | None = None
-    state: str | None = None
+    name: FactStr
+    mac: FactStr | None = None
+    speed_mbps: FactInt | None = None
+    mtu: FactInt | None = None
+    state: FactStr | None = None
     physical: bool | None = None
-    addresses: list[str] = Field(default_factory=list, description="CIDR notation")
+    addresses: list[FactStr] = Field(default_factory=list, max_length=MAX_FACT_ITEMS, description="CIDR notation")
 
 
 class OsFacts(BaseModel):
-    id: str | None = None
-    name: str | None = None
-    version_id: str | None = None
-    pretty_name: str | None = None
+    id: FactStr | None = None
+    name: FactStr | None = None
+    version_id: FactStr | None = None
+    pretty_name: FactStr | None = None
 
 
 class DmiFacts(BaseModel):
-    sys_vendor: str | None = None
-    product_name: str | None = None
-    product_serial: str | None = None
-    board_vendor: str | None = None
-    board_name: str | None = None
-    bios_version: str | None = None
+    sys_vendor: FactStr | None = None
+    product_name: FactStr | None = None
+    product_serial: FactStr | None = None
+    board_vendor: FactStr | None = None
+    board_name: FactStr | None = None
+    bios_version: FactStr | None = None
 
 
 class PciDevice(BaseModel):
-    slot: str
-    class_name: str | None = None
-    class_id: str | None = None
-    vendor_name: str | None = None
-    vendor_id: str | None = None
-    device_name: str | None = None
-    device_id: str | None = None
-    subsystem_vendor_id: str | None = None
-    subsystem_id: str | None = None
-    revision: str | None = None
+    slot: FactStr
+    class_name: FactStr | None = None
+    class_id: FactStr | None = None
+    vendor_name: FactStr | None = None
+    vendor_id: FactStr | None = None
+    device_name: FactStr | None = None
+    device_id: FactStr | None = None
+    subsystem_vendor_id: FactStr | None = None
+    subsystem_id: FactStr | None = None
+    revision: FactStr | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -90,14 +129,14 @@ class PciDevice(BaseModel):
 
 
 class GpuFacts(BaseModel):
-    index: int
-    uuid: str
-    name: str | None = None
-    memory_mib: int | None = None
-    serial: str | None = None
-    pci_bus_id: str | None = None
-    driver_version: str | None = None
-    vbios_version: str | None = None
+    index: Annotated[int, Field(ge=0, lt=1024)]
+    uuid: FactStr
+    name: FactStr | None = None
+    memory_mib: FactInt | None = None
+    serial: FactStr | None = None
+    pci_bus_id: FactStr | None = None
+    driver_version: FactStr | None = None
+    vbios_version: FactStr | None = None
 
 
 class GpuToolStatus(StrEnum):
@@ -111,31 +150,31 @@ class GpuToolStatus(StrEnum):
 
 
 class BmcFacts(BaseModel):
-    ip_address: str | None = None
-    ip_source: str | None = None
-    mac: str | None = None
-    subnet_mask: str | None = None
-    gateway: str | None = None
+    ip_address: FactStr | None = None
+    ip_source: FactStr | None = None
+    mac: FactStr | None = None
+    subnet_mask: FactStr | None = None
+    gateway: FactStr | None = None
 
 
 class HardwareFacts(BaseModel):
     """Everything one fact collection found; JSON-serialisable for a JSON column."""
 
-    format_version: int | None = None
-    hostname: str | None = None
-    kernel: str | None = None
+    format_version: FactInt | None = None
+    hostname: FactStr | None = None
+    kernel: FactStr | None = None
     cpu: CpuFacts = Field(default_factory=CpuFacts)
-    memory_bytes: int | None = None
-    disks: list[DiskFacts] = Field(default_factory=list)
-    nics: list[NicFacts] = Field(default_factory=list)
+    memory_bytes: FactInt | None = None
+    disks: list[DiskFacts] = Field(default_factory=list, max_length=MAX_FACT_ITEMS)
+    nics: list[NicFacts] = Field(default_factory=list, max_length=MAX_FACT_ITEMS)
     os: OsFacts = Field(default_factory=OsFacts)
     dmi: DmiFacts = Field(default_factory=DmiFacts)
-    pci_devices: list[PciDevice] = Field(default_factory=list)
-    gpus: list[GpuFacts] = Field(default_factory=list)
+    pci_devices: list[PciDevice] = Field(default_factory=list, max_length=MAX_PCI_DEVICES)
+    gpus: list[GpuFacts] = Field(default_factory=list, max_length=MAX_GPUS)
     gpu_tool: GpuToolStatus = GpuToolStatus.NOT_RUN
-    gpu_tool_message: str | None = None
+    gpu_tool_message: FactText | None = None
     bmc: BmcFacts | None = None
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[FactText] = Field(default_factory=list, max_length=MAX_FACT_ITEMS)
 
     @property
     def bmc_address(self) -> str | None:
@@ -192,7 +231,7 @@ def split_sections(text: str) -> tuple[int | None, dict[str, Section]]:
 def _clean(value: Any) -> str | None:
     if value is None:
         return None
-    text = str(value).strip()
+    text = _CONTROL.sub("", str(value)).strip()[:MAX_FACT_STRING]
     return None if text.lower() in _NA_VALUES else text
 
 
@@ -201,9 +240,10 @@ def _int(value: Any) -> int | None:
     if text is None:
         return None
     try:
-        return int(text)
-    except ValueError:
+        number = int(text)
+    except ValueError:  # not a number, or more digits than Python converts
         return None
+    return number if 0 <= number <= INT64_MAX else None
 
 
 def _flatten_lscpu(entries: list[Any], out: dict[str, str]) -> None:
@@ -250,9 +290,9 @@ def parse_cpuinfo(text: str) -> CpuFacts:
         if key == "processor":
             threads += 1
         elif key == "model name" and model is None:
-            model = value
+            model = _clean(value)
         elif key == "vendor_id" and vendor is None:
-            vendor = value
+            vendor = _clean(value)
         elif key == "physical id":
             physical_id = value
         elif key == "cpu cores" and value.isdigit():
@@ -272,7 +312,7 @@ def parse_meminfo(text: str) -> int | None:
             parts = line.split()
             if len(parts) >= 2 and parts[1].isdigit():
                 unit = parts[2].lower() if len(parts) > 2 else "b"
-                return int(parts[1]) * (1024 if unit == "kb" else 1)
+                return _int(int(parts[1]) * (1024 if unit == "kb" else 1))
     return None
 
 
@@ -317,7 +357,7 @@ def parse_ip_json(text: str) -> list[NicFacts]:
         ]
         nics.append(
             NicFacts(
-                name=link["ifname"],
+                name=_clean(link["ifname"]) or "?",
                 mac=_clean(link.get("address")),
                 mtu=_int(link.get("mtu")),
                 state=(_clean(link.get("operstate")) or "").lower() or None,
@@ -336,7 +376,7 @@ def parse_netsys(text: str) -> dict[str, NicFacts]:
             continue
         speed = _int(cols[3])
         nics[cols[0]] = NicFacts(
-            name=cols[0],
+            name=_clean(cols[0]) or "?",
             mac=_clean(cols[1]),
             state=_clean(cols[2]),
             speed_mbps=speed if speed is not None and speed > 0 else None,
@@ -408,7 +448,7 @@ def parse_lspci(text: str) -> list[PciDevice]:
         revision = next((o[2:] for o in options if o[1] == "r"), None)
         devices.append(
             PciDevice(
-                slot=fields[0],
+                slot=_clean(fields[0]) or "?",
                 class_name=class_name,
                 class_id=class_id,
                 vendor_name=vendor_name,
@@ -456,7 +496,7 @@ def classify_nvidia_smi(section: Section | None) -> tuple[GpuToolStatus, str | N
         return GpuToolStatus.NOT_RUN, None
     if section.missing_tool:
         return GpuToolStatus.ABSENT, None
-    message = section.text.strip() or None
+    message = printable(section.text).strip()[:MAX_FACT_TEXT] or None
     if section.exit_status == 0:
         return GpuToolStatus.OK, None
     lowered = section.text.lower()
@@ -499,7 +539,10 @@ def parse_fact_output(text: str) -> HardwareFacts:
     """Turn FACT_SCRIPT output into HardwareFacts; never raises on odd input, records warnings."""
     version, sections = split_sections(text)
     facts = HardwareFacts(format_version=version)
-    warn = facts.warnings.append
+
+    def warn(line: str) -> None:
+        if len(facts.warnings) < MAX_FACT_ITEMS:
+            facts.warnings.append(printable(line)[:MAX_FACT_TEXT])
     if version is None:
         warn("output has no '@@@ bcm-facts' header; not produced by FACT_SCRIPT?")
 
@@ -524,9 +567,9 @@ def parse_fact_output(text: str) -> HardwareFacts:
             warn(f"section {name}: unparseable ({type(exc).__name__}: {exc})")
             return None
 
-    if hostname := guarded("hostname", lambda t: t.strip().splitlines()[0].strip()):
+    if hostname := guarded("hostname", lambda t: _clean(t.strip().splitlines()[0])):
         facts.hostname = hostname
-    if kernel := guarded("kernel", lambda t: t.strip().splitlines()[0].strip()):
+    if kernel := guarded("kernel", lambda t: _clean(t.strip().splitlines()[0])):
         facts.kernel = kernel
     cpu = guarded("lscpu", parse_lscpu_json) or guarded("cpuinfo", parse_cpuinfo)
     if cpu is not None:

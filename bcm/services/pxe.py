@@ -340,30 +340,58 @@ def discovered_name(mac: str) -> str:
 
 
 def discover(session: Session, settings: Settings, report: DiscoveryReport, peer: str | None) -> DiscoveryAccepted:
-    """Record what an unknown machine found about itself; it appears as ``discovered``."""
+    """Record what an unknown machine found about itself; it appears as ``discovered``.
+
+    Anyone on the provisioning network may post, so what one post stores is bounded: its facts in bytes
+    (``max_facts_bytes``), the discovered machines in number and in bytes of facts (``max_discovered``,
+    ``max_discovered_bytes``), and the names a category's rule hands out to machines that never went
+    further (``max_rule_registered``). A refusal is one event per client a minute, the rest summed.
+    """
     facts = report.facts.model_dump(mode="json")
+    size = len(json.dumps(facts))  # the JSON text the database is given
+    limits = settings.pxe
+    if size > limits.max_facts_bytes:
+        _refuse_discovery(session, report.mac, peer, f"{size} bytes of facts (limit {limits.max_facts_bytes})")
+        raise InvalidInput(
+            f"facts: {size} bytes, more than the {limits.max_facts_bytes} one machine may store"
+            " (BCM_PXE__MAX_FACTS_BYTES)",
+            field="facts",
+        )
     node = node_by_mac(session, report.mac)
     if node is not None and node.provision_state != State.DISCOVERED.value:
         return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True)
+    stored = _discovered_bytes(session, but=node.id if node is not None else None)
+    if stored + size > limits.max_discovered_bytes:
+        _refuse_discovery(session, report.mac, peer, f"discovered machines' facts would exceed "
+                          f"{limits.max_discovered_bytes} bytes")  # fmt: skip
+        raise Conflict(
+            f"discovered machines' facts hold {stored} bytes (limit {limits.max_discovered_bytes}, "
+            "BCM_PXE__MAX_DISCOVERED_BYTES); assign or remove some (bcm node discovered)"
+        )
     if node is None:
         waiting = session.exec(
             select(func.count()).select_from(Node).where(Node.provision_state == State.DISCOVERED.value)
         ).one()
-        if waiting >= settings.pxe.max_discovered:
-            events.record(session, ACTOR, "node.discovered", report.mac, "refused: too many discovered machines",
-                          severity="warning")  # fmt: skip
-            session.commit()
+        if waiting >= limits.max_discovered:
+            _refuse_discovery(session, report.mac, peer, "too many discovered machines")
             raise Conflict(
-                f"{waiting} discovered machines wait to be assigned (limit {settings.pxe.max_discovered}); "
+                f"{waiting} discovered machines wait to be assigned (limit {limits.max_discovered}); "
                 "assign or remove some (bcm node discovered)"
             )
         rule = _rule_for(session, report.mac)
         name, state, category_id = discovered_name(report.mac), State.DISCOVERED.value, None
         if rule is not None:
-            free = _free_name(session, rule)
+            free, held = _free_name(session, rule)
+            # not refusals: the machine is stored as discovered (counted by max_discovered) with this event
             if free is None:
                 events.record(session, ACTOR, "node.discovered", report.mac,
                               f"category {rule.name}: no free name left in {rule.discover_names}", severity="warning")  # fmt: skip
+            elif held >= limits.max_rule_registered:
+                # a flood of machines with the rule's MAC prefix must not take every name: beyond the limit
+                # they wait as discovered, and the rule hands out names again as its machines provision
+                events.record(session, ACTOR, "node.discovered", report.mac,
+                              f"category {rule.name}: {held} machines hold its rule's names and were never "
+                              f"provisioned (limit {limits.max_rule_registered}); left discovered", severity="warning")  # fmt: skip
             else:
                 name, state, category_id = free, State.REGISTERED.value, rule.id
         node = Node(name=name, provision_state=state, category_id=category_id)
@@ -385,6 +413,24 @@ def discover(session: Session, settings: Settings, report: DiscoveryReport, peer
     return DiscoveryAccepted(node=node.name, state=node.provision_state)
 
 
+def _refuse_discovery(session: Session, mac: str, peer: str | None, why: str) -> None:
+    """Record a refused discovery (one event per client a minute, the rest summed) and keep it."""
+    events.record_unauthenticated(session, ACTOR, "node.discovered", mac, f"refused from {peer or 'unknown'}: {why}",
+                                  source=peer)  # fmt: skip
+    session.commit()
+
+
+def _discovered_bytes(session: Session, but: int | None) -> int:
+    """The bytes of facts the discovered machines hold (but one). PostgreSQL measures what it stores (a large
+    value compressed) without reading it back; SQLite the JSON text."""
+    bind = session.get_bind()
+    size = func.pg_column_size(Node.facts) if bind.dialect.name == "postgresql" else func.length(Node.facts)
+    stmt = select(func.coalesce(func.sum(size), 0)).where(Node.provision_state == State.DISCOVERED.value)
+    if but is not None:
+        stmt = stmt.where(Node.id != but)
+    return int(session.exec(stmt).one())
+
+
 def _rule_for(session: Session, mac: str) -> Category | None:
     """The category whose discovery rule matches the MAC (the longest prefix wins)."""
     rules = session.exec(select(Category).where(col(Category.discover_mac_prefix).is_not(None))).all()
@@ -392,14 +438,26 @@ def _rule_for(session: Session, mac: str) -> Category | None:
     return max(matching, key=lambda c: (len(c.discover_mac_prefix or ""), c.name), default=None)
 
 
-def _free_name(session: Session, rule: Category) -> str | None:
+def _free_name(session: Session, rule: Category) -> tuple[str | None, int]:
+    """The rule's first free name, and how many machines hold one without having gone further: registered
+    in the rule's category with a boot MAC of its prefix, never provisioned nor inventoried."""
     from bcm.domain.naming import expand_hostlist
 
     pool = expand_hostlist(rule.discover_names or "", "discover_names")
     taken: set[str] = set()
     for i in range(0, len(pool), 500):
         taken |= set(session.exec(select(Node.name).where(col(Node.name).in_(pool[i : i + 500]))))
-    return next((n for n in pool if n not in taken), None)
+    held = session.exec(
+        select(func.count(func.distinct(Node.id)))
+        .join(Interface, col(Interface.node_id) == col(Node.id))
+        .where(
+            Node.category_id == rule.id,
+            Node.provision_state == State.REGISTERED.value,
+            col(Node.inventoried_at).is_(None),
+            col(Interface.mac).startswith(rule.discover_mac_prefix or "-", autoescape=True),
+        )
+    ).one()
+    return next((n for n in pool if n not in taken), None), int(held)
 
 
 def _boot_nic(facts: HardwareFacts, mac: str) -> str:

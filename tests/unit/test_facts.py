@@ -403,3 +403,39 @@ def test_fact_script_runs_locally_and_parses() -> None:
     }
     assert expected <= set(sections)
     assert all(s.exit_status is not None or s.missing_tool for s in sections.values())
+
+
+def test_the_facts_model_refuses_control_characters_and_unbounded_values() -> None:
+    from pydantic import ValidationError
+
+    from bcm.domain.facts import HardwareFacts
+
+    for bad in (
+        {"nics": [{"name": "eth\x000"}]},
+        {"dmi": {"sys_vendor": "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\"}},
+        {"memory_bytes": 2**63},
+        {"cpu": {"cores": -4}},
+        {"pci_devices": [{"slot": "x"}] * 2049},
+        {"gpu_tool_message": "nvidia-smi \x07 failed"},
+    ):
+        with pytest.raises(ValidationError):
+            HardwareFacts.model_validate(bad)
+    ok = HardwareFacts.model_validate({"gpu_tool_message": "line one\n\tline two", "memory_bytes": 2**63 - 1})
+    assert ok.gpu_tool_message == "line one\n\tline two"
+
+
+def test_parsers_drop_control_characters_and_out_of_range_numbers_so_a_nodes_facts_stay_valid() -> None:
+    from bcm.domain.facts import HardwareFacts
+
+    out = "\n".join([
+        "@@@ bcm-facts 1",
+        "@@@ begin hostname", "gpu\x1b[31m01", "@@@ end hostname rc=0",
+        "@@@ begin dmi", "product_name=DGX\x00 H100", "@@@ end dmi rc=0",
+        "@@@ begin meminfo", "MemTotal: " + "9" * 30 + " kB", "@@@ end meminfo rc=0",
+        "@@@ begin nvidiasmi", "NVIDIA-SMI has failed\x1b]0;pwned\x07", "@@@ end nvidiasmi rc=9",
+    ])  # fmt: skip
+    facts = parse_fact_output(out)
+    assert facts.hostname == "gpu[31m01" and facts.dmi.product_name == "DGX H100"
+    assert facts.memory_bytes is None
+    assert facts.gpu_tool_message == "NVIDIA-SMI has failed]0;pwned"
+    HardwareFacts.model_validate(facts.model_dump(mode="json"))  # what the discovery image posts is valid
