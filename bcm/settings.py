@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bcm.domain.kernel_args import check_kernel_args
+
 
 def _default_state_dir() -> Path:
     if os.geteuid() == 0:
@@ -121,6 +123,11 @@ class PxeSettings(BaseModel):
     # a discovery rule names at most this many machines that were never provisioned; the rest stay discovered
     max_rule_registered: int = Field(default=256, ge=1, le=1_000_000)
     kernel_args: str = Field(default="console=tty0 console=ttyS0,115200", max_length=512)  # the last is /dev/console
+
+    @field_validator("kernel_args")
+    @classmethod
+    def _kernel_args(cls, v: str) -> str:
+        return check_kernel_args(v, "pxe.kernel_args")
 
 
 def _default_recipes_dir() -> Path:

@@ -11,9 +11,13 @@ from sqlalchemy import Text
 from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.health_policy import HealthPolicy
+from bcm.domain.kernel_args import check_kernel_args
 from bcm.domain.naming import check_name
 from bcm.domain.power import check_bmc_protocol, check_bmc_user
+from bcm.errors import InvalidInput
 from bcm.models.base import json_column, ts_column, utcnow
+
+HOST_KEY_SOURCES = ("bcm", "node")
 
 
 class CategoryBase(SQLModel):
@@ -28,6 +32,23 @@ class CategoryBase(SQLModel):
     # name of the hostlist, in this category, at once (no `bcm node assign`)
     discover_mac_prefix: str | None = Field(default=None, max_length=17)
     discover_names: str | None = Field(default=None, max_length=1024)
+    # who makes a provisioned node's SSH host key: "bcm" (default; sent in the overlay, pinned before the
+    # first boot) or "node" (for untrusted boot networks: no private key travels; bcm pins the public key
+    # the node presents at hello)
+    host_key_source: str | None = Field(default=None, max_length=8)
+
+    @field_validator("kernel_args")
+    @classmethod
+    def _kernel_args(cls, v: str | None) -> str | None:
+        return None if v is None else check_kernel_args(v)
+
+    @field_validator("host_key_source")
+    @classmethod
+    def _host_key_source(cls, v: str | None) -> str | None:
+        if v is not None and v not in HOST_KEY_SOURCES:
+            raise InvalidInput(f"host_key_source: {v[:16]!r} is not one of {', '.join(HOST_KEY_SOURCES)}",
+                               field="host_key_source")  # fmt: skip
+        return v
 
     @field_validator("discover_mac_prefix")
     @classmethod

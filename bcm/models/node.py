@@ -10,6 +10,7 @@ from sqlalchemy import Text
 from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.hostkey import check_host_key
+from bcm.domain.kernel_args import check_kernel_args
 from bcm.domain.naming import check_name, normalize_ip, normalize_mac
 from bcm.domain.power import check_bmc_address, check_bmc_protocol, check_bmc_user
 from bcm.domain.states import State
@@ -53,6 +54,11 @@ class NodeSettings(SQLModel):
     bmc_address: str | None = Field(default=None, max_length=270)
     bmc_protocol: str | None = Field(default=None, max_length=16)  # ipmi | redfish
     bmc_user: str | None = Field(default=None, max_length=64)
+
+    @field_validator("kernel_args")
+    @classmethod
+    def _kernel_args(cls, v: str | None) -> str | None:
+        return None if v is None else check_kernel_args(v)
 
     @field_validator("bmc_address")
     @classmethod
@@ -226,6 +232,8 @@ class NodePage(SQLModel):
 class VerbRequest(SQLModel):
     nodes: str = Field(max_length=65535)
     reason: str | None = Field(default=None, max_length=512)
+    # provision/reimage only, admin only: bcm makes new SSH host keys (else a pinned key is kept)
+    rekey: bool = False
 
 
 class VerbResult(SQLModel):

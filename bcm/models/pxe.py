@@ -1,8 +1,12 @@
 """PXE provisioning: one-time boot tokens, and the API schemas of discovery, assignment and callback.
 
-A boot token is minted each time a provisioning node fetches its iPXE script; it is stored hashed, works
-once, only for that node's MAC, only while the node is provisioning and before ``expires_at`` (Ironic's
-rule for its agent token). Using it answers the node's long-lived agent token.
+A boot token is minted once per provisioning attempt, when the node first fetches its iPXE script, and
+bound to the client address that fetched it (with bcm's DHCP, that must be the MAC's lease). It is stored
+hashed for lookup and encrypted (bcm.services.secrets) so that the same address fetching the script again
+(a reboot) gets the same token; another address gets none and does not disturb it. It works only for that
+node's MAC, only from the bound address, only while the node is provisioning and before ``expires_at``
+(Ironic's rule for its agent token); the overlay that carries the host private key is sent once
+(``overlay_at``). Using it at hello answers the node's long-lived agent token, once.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import ValidationInfo, field_validator
-from sqlmodel import Field, SQLModel
+from sqlalchemy import Text
+from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.facts import HardwareFacts
+from bcm.domain.hostkey import check_host_key
 from bcm.domain.naming import check_name, normalize_mac
 from bcm.models.base import ts_column, utcnow
 
@@ -30,6 +36,9 @@ class BootToken(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     expires_at: datetime = Field(sa_column=ts_column(nullable=False))
     used_at: datetime | None = Field(default=None, sa_column=ts_column())
+    client_address: str | None = Field(default=None, max_length=45)  # the first script fetch's socket address
+    token_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet: the same token on a re-fetch
+    overlay_at: datetime | None = Field(default=None, sa_column=ts_column())  # the overlay went out (once)
 
 
 class PxeConfig(SQLModel, table=True):
@@ -114,14 +123,22 @@ class DiscoveryAccepted(SQLModel):
 
 
 class HelloRequest(SQLModel):
-    """A booted node's first call: its boot MAC; the one-time token travels as the bearer token."""
+    """A booted node's first call: its boot MAC and its SSH host public key (pinned when its category's
+    ``host_key_source`` is ``node``); the one-time token travels as the bearer token. The node's address
+    is the connection's, never a field or a header."""
 
     mac: str
+    host_key: str | None = Field(default=None, max_length=16384)
 
     @field_validator("mac")
     @classmethod
     def _mac(cls, v: str) -> str:
         return normalize_mac(v)
+
+    @field_validator("host_key")
+    @classmethod
+    def _host_key(cls, v: str | None) -> str | None:
+        return None if v is None else check_host_key(v, "host_key")
 
 
 class HelloAnswer(SQLModel):

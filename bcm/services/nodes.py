@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, or_, update
@@ -34,6 +35,7 @@ from bcm.models.node import (
     NodeUpdate,
 )
 from bcm.services import events, images
+from bcm.services import secrets as secret_svc
 
 CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
 SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment", "bmc_address", "bmc_protocol", "bmc_user")
@@ -288,10 +290,12 @@ def update_node(session: Session, name: str, spec: NodeUpdate, actor: str) -> No
 
 
 def rekey(session: Session, name: str, key: str | None, actor: str) -> Node:
-    """Replace or clear a node's pinned host key: the one way a pin changes, always audited."""
+    """Replace or clear a node's pinned host key: the one way an admin changes a pin, always audited."""
     node = get(session, name)
     _check_unlocked([node])
     old = fingerprint(node.ssh_host_key) if node.ssh_host_key else "none"
+    if key != node.ssh_host_key:
+        node.host_key_enc = None  # a private key bcm made no longer matches the pin
     node.ssh_host_key = key
     node.updated_at = utcnow()
     session.add(node)
@@ -299,6 +303,44 @@ def rekey(session: Session, name: str, key: str | None, actor: str) -> Node:
     events.record(session, actor, "node.rekey", node.name, f"host key {old} -> {new}")
     session.flush()
     return node
+
+
+def pin_host_key(session: Session, node: Node, key: str, actor: str, why: str) -> None:
+    """Pin ``key`` (one checked OpenSSH line) for the node; a change is a ``node.rekey`` event naming both
+    fingerprints."""
+    if key == node.ssh_host_key:
+        return
+    old = fingerprint(node.ssh_host_key) if node.ssh_host_key else "none"
+    node.ssh_host_key, node.host_key_enc = key, None
+    node.updated_at = utcnow()
+    session.add(node)
+    events.record(session, actor, "node.rekey", node.name, f"host key {old} -> {fingerprint(key)}: {why}")
+
+
+def make_host_key(session: Session, state_dir: Path, node: Node, actor: str, why: str) -> str:
+    """A new SSH host key made by bcm for the node's overlay: the private part encrypted at rest, the public
+    part pinned (``node.rekey`` with both fingerprints)."""
+    import asyncssh  # heavy; only provisioning makes keys
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    kind, blob = key.export_public_key("openssh").decode().split()[:2]
+    pin_host_key(session, node, f"{kind} {blob}", actor, why)
+    node.host_key_enc = secret_svc.encrypt(state_dir, key.export_private_key("openssh").decode())
+    session.add(node)
+    return f"{kind} {blob}"
+
+
+def regenerate_host_keys(session: Session, nodes: Sequence[Node], state_dir: Path, actor: str) -> list[str]:
+    """``provision --rekey`` (admin): bcm makes new host keys for the nodes whose category leaves the key to
+    bcm (those with ``host_key_source node`` make a new one at every boot anyway); their names."""
+    cats = dict(session.exec(select(Category.id, Category.host_key_source)).all())
+    done = []
+    for n in nodes:
+        if (cats.get(n.category_id) if n.category_id else None) == "node":
+            continue
+        make_host_key(session, state_dir, n, actor, "regenerated at an admin's request (provision --rekey)")
+        done.append(n.name)
+    return done
 
 
 def delete(session: Session, names: list[str], actor: str) -> list[str]:

@@ -25,6 +25,7 @@ from sqlmodel import Session, col, select
 
 from bcm.domain.facts import HardwareFacts
 from bcm.domain.inheritance import effective_settings
+from bcm.domain.kernel_args import check_kernel_args
 from bcm.domain.naming import normalize_mac
 from bcm.domain.states import State, Verb, next_state
 from bcm.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
@@ -42,6 +43,7 @@ from bcm.models.pxe import (
 )
 from bcm.services import events
 from bcm.services import images as image_svc
+from bcm.services import nodes as node_svc
 from bcm.services import secrets as secret_svc
 from bcm.services.render import render
 from bcm.settings import PxeSettings, Settings
@@ -190,6 +192,10 @@ def boot_script(
     name, mode, kernel_args = effective_image(session, node)
     if mode in LOCAL_BOOT_MODES:
         return BootScript("local", render("ipxe/local.ipxe.j2", node=node.name, state=node.provision_state), node.name)
+    try:  # checked when set; checked again here for values stored before the check existed
+        kernel_args = check_kernel_args(kernel_args)
+    except InvalidInput as exc:
+        return _no_image(session, node, exc.message)
     image = _ready_version(session, name) if name else None
     if image is None:
         why = "no image assigned" if not name else f"image {name} has no ready version"
@@ -199,15 +205,18 @@ def boot_script(
     except NotFound as exc:
         return _no_image(session, node, exc.message)
     if check_lease and (leased is None or peer != leased):
-        events.record(session, ACTOR, "boot.script", node.name,
-                      f"refused to {peer}: {mac} has {'no lease' if leased is None else 'the lease ' + leased}",
-                      severity="warning")  # fmt: skip
-        return BootScript("noimage", render("ipxe/noimage.ipxe.j2", node=node.name,
-                                            message=f"this address is not the one leased to {mac}"), node.name)  # fmt: skip
-    token = mint_boot_token(session, settings, node, mac)
+        return _refused(session, node, mac, peer, f"{mac} has {'no lease' if leased is None else 'the lease ' + leased}",
+                        f"this address is not the one leased to {mac}")  # fmt: skip
+    token, bound = boot_token_for(session, settings, node, mac, peer)
+    if token is None:
+        return _refused(session, node, mac, peer, f"this boot is bound to {bound}",
+                        f"{peer or 'this client'} is not the address this boot is bound to")  # fmt: skip
     kernel, initrd, rootfs = found["kernel"], found["initramfs"], found["rootfs"]
+    # the operator's parameters first, bcm's own last: the image's init keeps the last value of each
     cmdline = " ".join(
-        [
+        a for a in [
+            settings.pxe.kernel_args,
+            kernel_args,
             f"bcm.root={_url(settings, image, rootfs)}",
             f"bcm.root_sha256={rootfs.sha256}",
             f"bcm.overlay={server_url(settings)}/boot/v1/overlay/{mac}",
@@ -215,10 +224,8 @@ def boot_script(
             f"bcm.node={node.name}",
             f"bcm.mac={mac}",
             f"bcm.token={token}",
-            settings.pxe.kernel_args,
-            kernel_args,
-        ]
-    ).strip()
+        ] if a
+    )  # fmt: skip
     events.record(session, ACTOR, "boot.script", node.name, f"image {image.name}:{image.version} for {mac}")
     text = render(
         "ipxe/image.ipxe.j2",
@@ -243,7 +250,7 @@ def _discovery(session: Session, settings: Settings, mac: str, node: Node | None
         events.record(session, ACTOR, "boot.discovery", mac, "no ready discovery image to boot", severity="warning")
         message = "no discovery image is ready (build one: bcm image build base)"
         return BootScript("noimage", render("ipxe/noimage.ipxe.j2", node=mac, message=message))
-    cmdline = f"bcm.discover={server_url(settings)}/boot/v1/discover bcm.mac={mac} {settings.pxe.kernel_args}"
+    cmdline = f"{settings.pxe.kernel_args} bcm.discover={server_url(settings)}/boot/v1/discover bcm.mac={mac}"
     text = render(
         "ipxe/discovery.ipxe.j2",
         mac=mac,
@@ -255,6 +262,13 @@ def _discovery(session: Session, settings: Settings, mac: str, node: Node | None
     return BootScript("discovery", text, node.name if node else None)
 
 
+def _refused(session: Session, node: Node, mac: str, peer: str | None, why: str, message: str) -> BootScript:
+    """No token for this client: the node's own boot (and token) is left as it was; one event a minute."""
+    events.record_unauthenticated(session, ACTOR, "boot.script", node.name, f"refused to {peer or 'unknown'}: {why}",
+                                  source=peer)  # fmt: skip
+    return BootScript("refused", render("ipxe/refused.ipxe.j2", node=node.name, message=message), node.name)
+
+
 def _no_image(session: Session, node: Node, why: str) -> BootScript:
     """A provisioning node with nothing to boot fails now (not after the timeout), with an event."""
     fail(session, node, f"provisioning: {why}")
@@ -264,56 +278,107 @@ def _no_image(session: Session, node: Node, why: str) -> BootScript:
 # ---- one-time boot tokens and the callback ------------------------------------------------------------
 
 
-def mint_boot_token(session: Session, settings: Settings, node: Node, mac: str) -> str:
-    """A fresh one-time token for this boot; earlier unused ones of the node stop working."""
+def current_boot_token(session: Session, node: Node) -> BootToken | None:
+    """The token of the node's current provisioning attempt, if its script was fetched."""
+    return session.exec(
+        select(BootToken).where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))
+        .order_by(col(BootToken.id).desc())
+    ).first()  # fmt: skip
+
+
+def boot_token_for(
+    session: Session, settings: Settings, node: Node, mac: str, peer: str | None
+) -> tuple[str | None, str | None]:
+    """(token, bound address): the attempt's token for ``peer``, minted and bound to it at the first fetch;
+    (None, bound) when the attempt is bound to another address (its token stays as it is)."""
     assert node.id is not None
-    now = utcnow()
+    row = current_boot_token(session, node)
+    if row is not None and row.client_address and row.token_enc and row.expires_at > utcnow():
+        if peer != row.client_address:
+            return None, row.client_address
+        return secret_svc.decrypt(settings.state_dir, row.token_enc), row.client_address
+    if not peer:
+        return None, "a known client address"
     for old in session.exec(select(BootToken).where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))):
-        session.delete(old)
+        session.delete(old)  # expired, or minted before tokens were bound
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    expires = node.provision_deadline or now + timedelta(seconds=settings.pxe.provision_timeout_s)
-    session.add(BootToken(node_id=node.id, mac=mac, token_hash=hash_token(token), expires_at=expires))
-    return token
+    expires = node.provision_deadline or utcnow() + timedelta(seconds=settings.pxe.provision_timeout_s)
+    session.add(BootToken(node_id=node.id, mac=mac, token_hash=hash_token(token), expires_at=expires,
+                          client_address=peer, token_enc=secret_svc.encrypt(settings.state_dir, token)))  # fmt: skip
+    return token, peer
 
 
-def _refuse(session: Session, mac: str, why: str, node: str | None = None) -> None:
-    events.record(session, ACTOR, "boot.token", node or mac, f"refused from {mac}: {why}", severity="warning")
+def end_attempts(session: Session, nodes: list[Node]) -> None:
+    """A new provision/reimage attempt: the unused tokens of earlier ones stop working."""
+    ids = [n.id for n in nodes]
+    for i in range(0, len(ids), 500):
+        for old in session.exec(
+            select(BootToken).where(col(BootToken.node_id).in_(ids[i : i + 500]), col(BootToken.used_at).is_(None))
+        ):
+            session.delete(old)
+
+
+def _refuse(session: Session, mac: str, why: str, peer: str | None, node: str | None = None) -> None:
+    events.record_unauthenticated(session, ACTOR, "boot.token", node or mac,
+                                  f"refused from {peer or 'unknown'} ({mac}): {why}", source=peer)  # fmt: skip
     session.commit()
 
 
-def check_boot_token(session: Session, mac: str, token: str | None, *, consume: bool) -> tuple[Node, BootToken]:
-    """The node a one-time token belongs to, checked against Ironic's rule; a refusal is recorded."""
+def check_boot_token(
+    session: Session, mac: str, token: str | None, peer: str | None, *, consume: bool
+) -> tuple[Node, BootToken]:
+    """The node a one-time token belongs to, checked against Ironic's rule and the address the boot is
+    bound to; a refusal is recorded (the caller brakes the client)."""
     if not token:
         raise Unauthorized("no boot token: send `Authorization: Bearer <bcm.token from the kernel command line>`")
     row = session.exec(select(BootToken).where(BootToken.token_hash == hash_token(token))).first()
     if row is None:
-        _refuse(session, mac, "unknown boot token")
+        _refuse(session, mac, "unknown boot token", peer)
         raise Unauthorized("boot token not valid")
     node = session.get(Node, row.node_id)
     name = node.name if node else None
     if row.mac != mac:
-        _refuse(session, mac, f"the token was issued for another machine ({row.mac})", name)
+        _refuse(session, mac, f"the token was issued for another machine ({row.mac})", peer, name)
         raise Forbidden("this boot token belongs to another machine")
     if row.used_at is not None:
-        _refuse(session, mac, "the token was used already", name)
+        _refuse(session, mac, "the token was used already", peer, name)
         raise Unauthorized("boot token used already")
     if row.expires_at <= utcnow():
-        _refuse(session, mac, "the token expired", name)
+        _refuse(session, mac, "the token expired", peer, name)
         raise Unauthorized("boot token expired")
+    if not row.client_address or peer != row.client_address:
+        _refuse(session, mac, f"the boot is bound to {row.client_address or 'no address'}", peer, name)
+        raise Forbidden("this boot token is bound to another client address")
     if node is None or node.provision_state != State.PROVISIONING.value:
-        _refuse(session, mac, f"node is {node.provision_state if node else 'gone'}, not provisioning", name)
+        _refuse(session, mac, f"node is {node.provision_state if node else 'gone'}, not provisioning", peer, name)
         raise Conflict(f"node {name} is not provisioning")
     if consume:
         row.used_at = utcnow()
+        row.token_enc = None
         session.add(row)
     return node, row
 
 
-def hello(session: Session, mac: str, token: str | None, peer: str | None) -> tuple[Node, str]:
-    """A booted node's callback: the one-time token becomes its agent token; provisioning → booted."""
+def host_key_source(session: Session, node: Node) -> str:
+    """``bcm`` (bcm makes the key, the overlay carries it) or ``node`` (the node makes it), by category."""
+    cat = session.get(Category, node.category_id) if node.category_id else None
+    return (cat.host_key_source if cat else None) or "bcm"
+
+
+def hello(
+    session: Session, mac: str, token: str | None, peer: str | None, host_key: str | None = None
+) -> tuple[Node, str]:
+    """A booted node's callback: the one-time token becomes its agent token; provisioning → booted. The
+    node's address of record is the connection's (the bound address), never a header or a field."""
     from bcm.services import agents as agent_svc
 
-    node, _ = check_boot_token(session, mac, token, consume=True)
+    node, row = check_boot_token(session, mac, token, peer, consume=False)
+    if host_key_source(session, node) == "node":
+        if host_key is None:  # the token stays usable: a fixed bcm-hello may call again
+            raise InvalidInput("host_key: this node makes its own SSH host key; send its public key", field="host_key")
+        node_svc.pin_host_key(session, node, host_key, ACTOR, "made by the node at boot (host_key_source node)")
+    row.used_at, row.token_enc = utcnow(), None
+    session.add(row)
     _, secret = agent_svc.issue_node_token(session, node.name, ACTOR)
     node.provision_state = next_state(node.name, node.provision_state, Verb.BOOT_DONE).value
     node.target_state = None
@@ -503,18 +568,13 @@ def assign(session: Session, req: AssignRequest, actor: str) -> Node:
 # ---- the per-node overlay -----------------------------------------------------------------------------
 
 
-def ensure_host_key(session: Session, state_dir: Path, node: Node) -> str:
-    """The node's SSH host key, made by bcm (private part encrypted at rest, public part pinned)."""
-    import asyncssh
-
-    if node.host_key_enc and node.ssh_host_key:
+def ensure_host_key(session: Session, state_dir: Path, node: Node) -> str | None:
+    """The node's pinned SSH host key at the start of an attempt. A pinned key is kept (bcm's own, or one an
+    admin registered: only ``provision --rekey`` replaces it); bcm makes one only where none is pinned and
+    the category leaves the key to bcm (``host_key_source node``: the node makes it, pinned at hello)."""
+    if node.ssh_host_key or host_key_source(session, node) == "node":
         return node.ssh_host_key
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    public = key.export_public_key("openssh").decode().split()
-    node.ssh_host_key = f"{public[0]} {public[1]}"
-    node.host_key_enc = secret_svc.encrypt(state_dir, key.export_private_key("openssh").decode())
-    session.add(node)
-    return node.ssh_host_key
+    return node_svc.make_host_key(session, state_dir, node, ACTOR, "made by bcm for the node's first provision")
 
 
 def _add(tar: tarfile.TarFile, path: str, data: bytes | None, mode: int, kind: bytes = tarfile.REGTYPE,
@@ -528,12 +588,18 @@ def _add(tar: tarfile.TarFile, path: str, data: bytes | None, mode: int, kind: b
     tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
 
-def overlay(session: Session, settings: Settings, mac: str, token: str | None) -> bytes:
-    """The files only this node gets at boot, as one tar.gz the initramfs unpacks over the image."""
-    node, _ = check_boot_token(session, mac, token, consume=False)
-    pub = ensure_host_key(session, settings.state_dir, node)
-    assert node.host_key_enc is not None
-    private = secret_svc.decrypt(settings.state_dir, node.host_key_enc)
+def overlay(session: Session, settings: Settings, mac: str, token: str | None, peer: str | None) -> bytes:
+    """The files only this node gets at boot, as one tar.gz the initramfs unpacks over the image; only to the
+    address the boot is bound to, and, when it carries bcm's host private key, once per attempt."""
+    node, row = check_boot_token(session, mac, token, peer, consume=False)
+    private = None
+    if host_key_source(session, node) == "bcm" and node.host_key_enc and node.ssh_host_key:
+        if row.overlay_at is not None:
+            _refuse(session, mac, f"the overlay with the host key went out already ({row.overlay_at:%H:%M:%S} UTC)",
+                    peer, node.name)  # fmt: skip
+            raise Forbidden("this boot's overlay was sent already; provision the node again for a new attempt")
+        private = secret_svc.decrypt(settings.state_dir, node.host_key_enc)
+    pub = node.ssh_host_key
     head_key = (settings.ssh_key_file.with_suffix(".pub")).read_text().strip()
     hosts = session.exec(
         select(Node.name, Interface.ip).join(Interface, col(Interface.node_id) == col(Node.id))
@@ -551,8 +617,9 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None) -
         _add(tar, "root/.ssh", None, 0o700, tarfile.DIRTYPE)
         _add(tar, "etc/hostname", f"{node.name}\n".encode(), 0o644)
         _add(tar, "etc/hosts", render("overlay/etc/hosts.j2", **ctx).encode(), 0o644)
-        _add(tar, "etc/ssh/ssh_host_ed25519_key", private.encode(), 0o600)
-        _add(tar, "etc/ssh/ssh_host_ed25519_key.pub", f"{pub} root@{node.name}\n".encode(), 0o644)
+        if private is not None:  # else the node's sshd makes its own (pinned at hello, or an admin's pin kept)
+            _add(tar, "etc/ssh/ssh_host_ed25519_key", private.encode(), 0o600)
+            _add(tar, "etc/ssh/ssh_host_ed25519_key.pub", f"{pub} root@{node.name}\n".encode(), 0o644)
         _add(tar, "etc/ssh/sshd_config.d/bcm.conf", render("overlay/etc/ssh/sshd_config.d/bcm.conf.j2", **ctx).encode(),
              0o644)  # fmt: skip
         _add(tar, "root/.ssh/authorized_keys", f"{head_key}\n".encode(), 0o600)
@@ -562,7 +629,10 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None) -
              render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx).encode(), 0o644)  # fmt: skip
         _add(tar, "etc/systemd/system/multi-user.target.wants/bcm-hello.service", None, 0o777, tarfile.SYMTYPE,
              "/etc/systemd/system/bcm-hello.service")  # fmt: skip
-    events.record(session, ACTOR, "boot.overlay", node.name, f"overlay sent to {mac}")
+    row.overlay_at = utcnow()
+    session.add(row)
+    what = "with bcm's host key" if private is not None else "without a host key"
+    events.record(session, ACTOR, "boot.overlay", node.name, f"overlay {what} sent to {peer} ({mac})")
     return buf.getvalue()
 
 
@@ -582,6 +652,7 @@ def fail(session: Session, node: Node, why: str) -> None:
 def queue(session: Session, nodes: list[Node]) -> None:
     """Nodes a provision/reimage verb moved to ``provisioning`` wait their turn (oldest first)."""
     now = utcnow()
+    end_attempts(session, nodes)
     for n in nodes:
         n.target_state = State.BOOTED.value
         n.last_error = None

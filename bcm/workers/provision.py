@@ -38,12 +38,17 @@ INVENTORY_TRIES = 10
 INVENTORY_RETRY_S = 3.0
 
 
-async def provision_verb(runner: Any, verb: str, names: list[str], actor: str, reason: str | None) -> VerbResult:
-    """``provision``/``reimage``: legal for every node or for none; queued in the same transaction."""
+async def provision_verb(
+    runner: Any, verb: str, names: list[str], actor: str, reason: str | None, rekey: bool = False
+) -> VerbResult:
+    """``provision``/``reimage``: legal for every node or for none; queued in the same transaction. With
+    ``rekey`` (admin) bcm makes new host keys for them in that transaction too (``node.rekey`` events)."""
 
     def apply() -> list[dict[str, Any]]:
         with session_scope(runner.engine) as s:
             nodes = node_svc.apply_verb(s, names, verb, actor, reason)
+            if rekey:
+                node_svc.regenerate_host_keys(s, nodes, runner.settings.state_dir, actor)
             pxe.queue(s, nodes)
             return [{"name": n.name, "status": "queued", "state": n.provision_state} for n in nodes]
 

@@ -41,6 +41,15 @@ FACTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def fresh_event_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts a server, and a started server has counted no refusals yet (the per-client event
+    throttle lives in the process, which all tests share)."""
+    from bcm.services import events as events_svc
+
+    monkeypatch.setattr(events_svc, "_throttle", events_svc._Throttle())
+
+
 def publish_image(engine: Any, settings: Any, name: str = "img") -> str:
     """Publish version 1 of ``name`` from three small files, through the images service."""
     with Session(engine) as s:
@@ -182,9 +191,9 @@ def test_provision_boot_token_overlay_and_callback(
 
     purpose, text = script(api, MAC)
     assert purpose == "image" and "/boot/v1/images/img/1/rootfs.squashfs" in text
-    first = token_of(text)
-    token = token_of(script(api, MAC)[1])  # a second fetch (a reboot) mints a new one; the first is dead
-    assert token != first
+    token = token_of(text)
+    assert token_of(script(api, MAC)[1]) == token  # a second fetch (a reboot) gets the same one (#26)
+    first = "bcmboot_" + "x" * 43  # a guess
 
     def overlay(tok: str | None, mac: str = MAC) -> Any:
         return api.get(f"/boot/v1/overlay/{mac}", headers={"Authorization": f"Bearer {tok}" if tok else ""})
@@ -211,15 +220,15 @@ def test_provision_boot_token_overlay_and_callback(
         return api.post("/boot/v1/hello", json={"mac": mac}, headers={"Authorization": f"Bearer {tok}" if tok else ""})
 
     assert hello(token, "52:54:00:aa:00:02").status_code == 403  # foreign machine
-    assert hello(first).status_code == 401  # replaced
+    assert hello(first).status_code == 401  # guessed
     r = hello(token)
     assert r.status_code == 200, r.text
     answer = r.json()
     assert answer["node"] == "gpu01" and answer["state"] == "booted" and answer["agent_token"].startswith("bcm")
     assert hello(token).status_code == 401  # replayed
     assert overlay(token).status_code == 401  # used
-    refusals = [e.message for e in events(engine, "boot.token")]
-    assert any("another machine" in m for m in refusals) and any("used already" in m for m in refusals)
+    refusals = [e.message for e in events(engine, "boot.token")]  # one a minute per client, the rest summed
+    assert any("unknown boot token" in m or "more like this" in m for m in refusals), refusals
     assert all(token not in m and first not in m for m in refusals)
     n = node(api, "gpu01")
     assert n["provision_state"] == "booted" and n["last_error"] is None
@@ -450,7 +459,7 @@ def test_a_token_goes_only_to_the_address_leased_to_the_mac(
         none = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased=None, check_lease=True)
         mine = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased="198.18.80.133", check_lease=True)
         s.commit()
-    assert other.purpose == none.purpose == "noimage" and "bcm.token" not in other.text + none.text
+    assert other.purpose == none.purpose == "refused" and "bcm.token" not in other.text + none.text
     assert mine.purpose == "image" and "bcm.token=" in mine.text
     assert node(api, "gpu01")["provision_state"] == "provisioning"  # a refusal does not fail the node
     assert any("refused to 198.18.80.134" in e.message for e in events(engine, "boot.script"))

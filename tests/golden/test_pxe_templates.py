@@ -113,11 +113,12 @@ IPXE = {
     "discovery.ipxe": ("ipxe/discovery.ipxe.j2", {
         "mac": "52:54:00:1a:00:01", "image": "base:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
         "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
-        "cmdline": "bcm.discover=http://198.18.0.1:8470/boot/v1/discover bcm.mac=52:54:00:1a:00:01 console=ttyS0,115200"}),
+        "cmdline": "console=ttyS0,115200 bcm.discover=http://198.18.0.1:8470/boot/v1/discover bcm.mac=52:54:00:1a:00:01"}),
     "image.ipxe": ("ipxe/image.ipxe.j2", {
         "node": "gpu01", "image": "base:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
         "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
-        "cmdline": "bcm.root=http://198.18.0.1:8470/boot/v1/images/base/3/rootfs.squashfs bcm.token=bcmboot_x"}),
+        "cmdline": "console=ttyS0,115200 quiet bcm.root=http://198.18.0.1:8470/boot/v1/images/base/3/rootfs.squashfs bcm.token=bcmboot_x"}),
+    "refused.ipxe": ("ipxe/refused.ipxe.j2", {"node": "gpu01", "message": "198.18.0.66 is not the address this boot is bound to"}),
     "local.ipxe": ("ipxe/local.ipxe.j2", {"node": "gpu01", "state": "ready"}),
     "noimage.ipxe": ("ipxe/noimage.ipxe.j2", {"node": "gpu01", "message": "no image assigned"}),
 }  # fmt: skip

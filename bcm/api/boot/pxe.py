@@ -4,13 +4,18 @@
 - ``GET /boot/v1/ipxe/{mac}``: the script for that machine's purpose (discovery, image, local, noimage);
 - ``POST /boot/v1/discover``: the discovery image reports a machine's facts;
 - ``GET /boot/v1/overlay/{mac}``: the node's own files (host key, hostname, hosts, callback), with its
-  one-time boot token as the bearer token;
-- ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once).
+  one-time boot token as the bearer token, only from the address the boot is bound to;
+- ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once, from that address).
+
+The client address is the socket's (``request.client``), never a header. A failed boot-token check is
+counted against the client (``auth_failures``: a 429 once over the limit); a valid token is checked first
+and never braked.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Request, status
@@ -22,7 +27,7 @@ from bcm.api.deps import bearer
 from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
 from bcm.drivers import dnsmasq
-from bcm.errors import InvalidInput
+from bcm.errors import Forbidden, InvalidInput, Unauthorized
 from bcm.models.pxe import DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
 from bcm.services import pxe as svc
 
@@ -37,6 +42,7 @@ MacPath = Annotated[
     ),
 ]
 IPXE = "text/plain; charset=utf-8"
+T = TypeVar("T")
 
 
 def _peer(request: Request) -> str | None:
@@ -107,11 +113,13 @@ async def overlay(mac: MacPath, request: Request) -> Response:
     engine, settings = request.app.state.engine, request.app.state.settings
     token = bearer(request)
 
+    peer = _peer(request)
+
     def work() -> bytes:
         with session_scope(engine) as session:
-            return svc.overlay(session, settings, address, token)
+            return svc.overlay(session, settings, address, token, peer)
 
-    data = await anyio.to_thread.run_sync(work)
+    data = await _braked(request, peer, work)
     return Response(data, media_type="application/gzip", headers={"Cache-Control": "no-store"})
 
 
@@ -121,17 +129,28 @@ async def hello(body: HelloRequest, request: Request) -> HelloAnswer:
     engine = request.app.state.engine
     token = bearer(request)
 
+    peer = _peer(request)
+
     def work() -> HelloAnswer:
         with session_scope(engine) as session:
-            node, secret = svc.hello(session, body.mac, token, _peer(request))
+            node, secret = svc.hello(session, body.mac, token, peer, body.host_key)
             return HelloAnswer(node=node.name, state=node.provision_state, agent_token=secret)
 
-    answer = await anyio.to_thread.run_sync(work)
+    answer = await _braked(request, peer, work)
     provisioner = getattr(request.app.state, "provisioner", None)
     if provisioner is not None:
         provisioner.booted(answer.node)
     await _sync_dnsmasq(request)
     return answer
+
+
+async def _braked(request: Request, peer: str | None, work: Callable[[], T]) -> T:
+    """Run ``work``; a refused boot token counts against the client (429 once it is over the limit)."""
+    try:
+        return await anyio.to_thread.run_sync(work)
+    except (Unauthorized, Forbidden) as exc:
+        raise request.app.state.auth_failures.refusal(peer or "unknown", request.url.path, "boot token refused",
+                                                      exc) from None  # fmt: skip
 
 
 async def _sync_dnsmasq(request: Request) -> None:

@@ -11,6 +11,8 @@ from sqlmodel import Field, Session, SQLModel
 from bcm.api.deps import Admin, Operator, SessionDep, Viewer, actor
 from bcm.api.params import HOSTLIST_PATTERN, HostlistQuery, Name, Offset, Verb, text_query
 from bcm.domain.naming import expand_hostlist
+from bcm.errors import InvalidInput
+from bcm.models.auth import Role
 from bcm.models.node import (
     NodeBulkCreate,
     NodeCreate,
@@ -21,8 +23,8 @@ from bcm.models.node import (
     VerbRequest,
     VerbResult,
 )
+from bcm.services import auth, trust
 from bcm.services import nodes as svc
-from bcm.services import trust
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 NamePath = Name
@@ -70,6 +72,13 @@ def delete_nodes(
 @router.post("/actions/{verb}", response_model=VerbResult)
 async def node_verb(verb: Verb, body: VerbRequest, request: Request, token: Operator) -> VerbResult:
     runner = request.app.state.runner
+    if body.rekey:  # a pinned host key changes only at an admin's request (#26)
+        if verb not in ("provision", "reimage"):
+            raise InvalidInput("rekey: only provision and reimage make new host keys", field="rekey")
+        auth.require_role(token, Role.ADMIN)
+        from bcm.workers.provision import provision_verb  # the runner imports it the same way (a cycle)
+
+        return await provision_verb(runner, verb, expand_hostlist(body.nodes), actor(token), body.reason, rekey=True)
     return await runner.verb(verb, expand_hostlist(body.nodes), actor(token), body.reason)
 
 
