@@ -2,6 +2,9 @@
 
 Every list and string is bounded, counters are non-negative, and unknown fields are refused, so an
 oversize or malformed report fails validation (HTTP 422) before it reaches the rules or the database.
+Strings hold no control characters (NUL no PostgreSQL text can hold; escape sequences would reach an
+admin's terminal); free text (messages, errors) may keep newlines and tabs. The check is a pattern,
+run in pydantic's core like the bounds, not a Python validator per string.
 The API should also cap the request body at :data:`MAX_REPORT_BYTES` before parsing.
 
 A GPU sample is validated into a plain dict (typed dicts with pydantic's bounds), which is what the
@@ -31,7 +34,12 @@ from bcm.domain.bounds import INT32_MAX, INT64_MAX, Timestamp
 
 __all__ = ["MAX_REPORT_BYTES", "HealthReport", "GpuSampleIn", "XidEventIn"]
 
-Str = Annotated[str, Field(max_length=MAX_STRING)]
+# C0 controls, DEL and C1 controls are refused; a message may keep its newlines and tabs
+_NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
+_NO_CONTROL_BUT_LINES = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
+Str = Annotated[str, Field(max_length=MAX_STRING, pattern=_NO_CONTROL)]
+Text = Annotated[str, Field(max_length=MAX_STRING, pattern=_NO_CONTROL_BUT_LINES)]
+Message = Annotated[str, Field(max_length=MAX_MESSAGE, pattern=_NO_CONTROL_BUT_LINES)]
 Count = Annotated[int, Field(ge=0, le=2**64 - 1)]  # NVML's unsigned long long; judged, never stored
 # what is stored goes into a column: BIGINT counters, INTEGER sizes, strings of the column's length
 Count64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -92,10 +100,10 @@ class PcieIn(TypedDict, total=False):
 @with_config(_FORBID)
 class GpuSampleIn(TypedDict):
     index: Index
-    uuid: NotRequired[Annotated[str, Field(max_length=96)] | None]
-    name: NotRequired[Annotated[str, Field(max_length=128)] | None]
+    uuid: NotRequired[Annotated[str, Field(max_length=96, pattern=_NO_CONTROL)] | None]
+    name: NotRequired[Annotated[str, Field(max_length=128, pattern=_NO_CONTROL)] | None]
     serial: NotRequired[Str | None]
-    pci_bus_id: NotRequired[Annotated[str, Field(max_length=32)] | None]
+    pci_bus_id: NotRequired[Annotated[str, Field(max_length=32, pattern=_NO_CONTROL)] | None]
     vbios_version: NotRequired[Str | None]
     lost: NotRequired[bool]
     temperature_c: NotRequired[Annotated[int, Field(ge=-100, le=300)] | None]
@@ -117,7 +125,7 @@ class GpuSampleIn(TypedDict):
     pcie: NotRequired[PcieIn]
     recovery_action: NotRequired[Str | None]
     unsupported: NotRequired[Annotated[list[Str], Field(max_length=128)]]
-    errors: NotRequired[Annotated[list[Str], Field(max_length=MAX_ERRORS)]]
+    errors: NotRequired[Annotated[list[Text], Field(max_length=MAX_ERRORS)]]
 
 
 class XidEventIn(_Strict):
@@ -127,7 +135,7 @@ class XidEventIn(_Strict):
     pci_bus_id: Str | None = None
     time: Timestamp
     source: Literal["nvml", "kmsg"]
-    message: Annotated[str, Field(max_length=MAX_MESSAGE)] | None = None
+    message: Message | None = None
     recovery_action: Str | None = None
 
 
@@ -136,16 +144,16 @@ class HealthReport(_Strict):
 
     # "schema" shadows a deprecated BaseModel attribute, hence the alias.
     schema_version: Literal[1] = Field(alias="schema")
-    agent_version: Annotated[str, Field(max_length=64)]
+    agent_version: Annotated[str, Field(max_length=64, pattern=_NO_CONTROL)]
     hostname: Str
     collected_at: Timestamp
-    driver_version: Annotated[str, Field(max_length=64)] | None = None
+    driver_version: Annotated[str, Field(max_length=64, pattern=_NO_CONTROL)] | None = None
     cuda_driver_version: Str | None = None
     gpu_count: Annotated[int, Field(ge=0, le=1024)]
     expected_gpu_count: Annotated[int, Field(ge=0, le=1024)] | None = None
     gpus: Annotated[list[GpuSampleIn], Field(max_length=MAX_GPUS)]
     xid_events: Annotated[list[XidEventIn], Field(max_length=MAX_XID_EVENTS)] = []
-    errors: Annotated[list[Str], Field(max_length=MAX_ERRORS)] = []
+    errors: Annotated[list[Text], Field(max_length=MAX_ERRORS)] = []
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

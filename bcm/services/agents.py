@@ -61,7 +61,8 @@ def issue_node_token(
     row, secret = auth.issue(session, f"agent:{name}", Role.NODE, node_id=node.id)
     if revoke_old:
         _revoke_node_tokens(session, node.id, keep=row.id)
-    events.record(session, actor, "node.token", name, f"agent token {row.prefix}… issued")
+    # the token's id and name only: an event shows no character of the secret
+    events.record(session, actor, "node.token", name, f"agent token #{row.id} ({row.name}) issued")
     session.flush()
     return row, secret
 

@@ -78,6 +78,14 @@ BAD = [
     ("xid_events.0.message", "m" * (schema.MAX_MESSAGE + 1)),
     ("collected_at", None),
     ("gpu_count", "eight"),
+    ("gpus.0.uuid", "GPU-\x00"),
+    ("gpus.0.name", "H100\x1b]0;pwned\x07"),
+    ("gpus.0.serial", "1\x9b2"),
+    ("gpus.0.clock_events.0", "sw\x7fthermal"),
+    ("hostname", "gpu\n01"),
+    ("driver_version", "565\x00"),
+    ("xid_events.0.message", "NVRM: Xid\x1b[2J"),
+    ("errors", ["nvml: \x1b]8;;http://x\x1b\\link"]),
 ]
 
 
@@ -114,3 +122,10 @@ def test_a_sample_with_only_its_index_is_judged_and_stored_as_readings_not_offer
     stored = dict(zip(RECORD_FIELDS, out.record_row["gpus"][0], strict=True))  # the history's reading
     assert stored["index"] == 0 and stored["uuid"] == "gpu01:gpu0" and stored["verdict"] == "OK"
     assert stored["temperature_c"] is None and stored["ecc_dbe_volatile"] is None
+
+
+def test_free_text_keeps_its_lines_and_tabs() -> None:
+    report = collected()
+    report["errors"] = ["nvml: failed\n\tretrying"]
+    report["xid_events"][0]["message"] = "NVRM: Xid (PCI:0000:1b:00): 79\n"
+    assert HealthReport.model_validate(report).errors == ["nvml: failed\n\tretrying"]
