@@ -9,7 +9,9 @@ uvicorn's; the body goes around its accounting, so the cycle is told the body is
 The copy runs in a thread of its own pool (one thread per transfer ``images.max_transfers`` allows), on a
 ``dup`` of the connection's descriptor, so a connection closed under it ends the copy with an error
 instead of writing into whatever socket reuses the number. A client that takes nothing for
-``STALL_S`` loses its download (its connection is closed), as nginx's ``send_timeout`` does.
+``STALL_S`` loses its download (its connection is closed), as nginx's ``send_timeout`` does, and so does
+one that takes less than a minimum rate over a window (:class:`RateFloor`, ``images.min_rate_bytes_s``
+over ``images.min_rate_window_s``): a slow reader cannot hold a transfer slot for long.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import asyncio
 import logging
 import os
 import select
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,43 @@ EXTENSION = "http.response.pathsend"
 STALL_S = 60
 FALLBACK_CHUNK = 4 * 1024 * 1024
 _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bcm-sendfile")
+min_rate: tuple[int, float] = (0, 30.0)  # bytes/s and the window it is judged over; 0: no floor
+
+
+class SlowReader(TimeoutError):
+    """The client took less than the minimum rate over a window."""
+
+
+class RateFloor:
+    """A transfer must move at least ``bytes_s * window_s`` bytes in every window of ``window_s`` seconds."""
+
+    def __init__(self, bytes_s: int, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bytes_s, self.window_s, self.clock = bytes_s, window_s, clock
+        self.start, self.moved = clock(), 0
+
+    def left(self) -> float:
+        """Seconds until the current window is judged."""
+        return max(0.0, self.start + self.window_s - self.clock())
+
+    def moved_bytes(self, n: int) -> None:
+        """Count ``n`` bytes taken by the client, then judge the window if it is over."""
+        self.moved += n
+        self.judge()
+
+    def judge(self) -> None:
+        now = self.clock()
+        if now - self.start < self.window_s:
+            return
+        if self.moved < self.bytes_s * self.window_s:
+            raise SlowReader(f"the client took {self.moved} bytes in {now - self.start:.0f} s, under the minimum "
+                             f"of {self.bytes_s} bytes/s")  # fmt: skip
+        self.start, self.moved = now, 0
+
+
+def set_min_rate(bytes_s: int, window_s: float) -> None:
+    """The floor every download is held to (``bcm serve`` sets it from ``images.*``)."""
+    global min_rate
+    min_rate = (bytes_s, window_s)
 
 
 def size_pool(transfers: int) -> None:
@@ -120,12 +161,16 @@ async def _send_chunks(send: Any, path: str) -> None:
                 return
 
 
-def _sendfile_all(out_fd: int, path: str, size: int) -> None:
-    """``size`` bytes of ``path`` to the non-blocking socket ``out_fd``, waiting for room with poll."""
+def _sendfile_all(out_fd: int, path: str, size: int, floor: RateFloor | None = None) -> None:
+    """``size`` bytes of ``path`` to the non-blocking socket ``out_fd``, waiting for room with poll; a
+    client that takes nothing for ``STALL_S`` or less than ``floor`` over a window is dropped."""
+    if floor is None and min_rate[0] > 0:
+        floor = RateFloor(*min_rate)
+    clock = floor.clock if floor else time.monotonic
     poller = select.poll()
     poller.register(out_fd, select.POLLOUT)
     with open(path, "rb") as f:
-        offset = 0
+        offset, progress = 0, clock()
         while offset < size:
             try:
                 sent = os.sendfile(out_fd, f.fileno(), offset, size - offset)
@@ -134,10 +179,17 @@ def _sendfile_all(out_fd: int, path: str, size: int) -> None:
             if sent == 0:
                 raise ConnectionError(f"the file ended at {offset} of {size} bytes")
             if sent:
-                offset += sent
+                offset, progress = offset + sent, clock()
+                if floor:
+                    floor.moved_bytes(sent)
                 continue
-            ready = poller.poll(STALL_S * 1000)
+            wait = max(0.0, STALL_S - (clock() - progress))
+            ready = poller.poll(int(min(wait, floor.left() if floor else wait) * 1000))
+            if floor:
+                floor.judge()
             if not ready:
-                raise TimeoutError(f"the client took nothing for {STALL_S} s")
+                if clock() - progress >= STALL_S:
+                    raise TimeoutError(f"the client took nothing for {STALL_S} s")
+                continue
             if ready[0][1] & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
                 raise ConnectionResetError("the client closed the connection")

@@ -13,7 +13,7 @@ from bcm import logs
 from bcm.api.app import create_app
 from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
-from bcm.pathsend import PathsendProtocol, size_pool
+from bcm.pathsend import PathsendProtocol, set_min_rate, size_pool
 from bcm.services import auth, categories
 from bcm.settings import Settings
 
@@ -72,6 +72,7 @@ def serve(settings: Settings) -> None:
                  pxe.server_url(settings))  # fmt: skip
     app = create_app(settings, engine)
     size_pool(settings.images.max_transfers)
+    set_min_rate(settings.images.min_rate_bytes_s, settings.images.min_rate_window_s)
     tune_gc()
     proxy_headers, trusted = forwarding(settings)
     uvicorn.run(

@@ -126,3 +126,59 @@ def test_head_answers_the_headers_of_a_get_and_holds_no_slot(served: tuple[Serve
         assert head.headers["etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
     assert got.status_code == 200 and got.content == data
     assert counters(server)['bytes_total{way="sendfile"}'] == SIZE  # only the GET sent the file
+
+
+def _stalled_download(server: Server, path: str, source: str) -> socket.socket:
+    """A download from ``source`` (a loopback address) that reads the status line and then nothing."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10, source_address=(source, 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_one_client_cannot_hold_every_slot(tmp_path: Path) -> None:
+    """20 stalled readers from one address hold only its share; another address still downloads."""
+    server = Server(tmp_path / "state", extra_env={"BCM_IMAGES__MAX_TRANSFERS": "4",
+                                                  "BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT": "2"})  # fmt: skip
+    server.start()
+    held: list[socket.socket] = []
+    try:
+        path, data = publish(server.state_dir)
+        held = [_stalled_download(server, path, "127.0.0.1") for _ in range(2)]
+        refused = httpx.get(f"{server.url}{path}", timeout=30)  # the same address: over its share
+        assert refused.status_code == 503 and "already has 2" in refused.json()["message"]
+        other = socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0))
+        with other:
+            other.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := other.recv(1 << 20):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body == data
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def test_a_reader_under_the_minimum_rate_is_dropped_and_frees_its_slot(tmp_path: Path) -> None:
+    server = Server(tmp_path / "state", extra_env={"BCM_IMAGES__MAX_TRANSFERS": "1",
+                                                  "BCM_IMAGES__MIN_RATE_BYTES_S": str(8 << 20),
+                                                  "BCM_IMAGES__MIN_RATE_WINDOW_S": "1"})  # fmt: skip
+    server.start()
+    try:
+        path, data = publish(server.state_dir)
+        with _stalled_download(server, path, "127.0.0.1"):  # takes a few buffers' worth, then nothing
+            status = 503
+            for _ in range(100):  # bounded: the slot comes back once the stalled reader's window is judged
+                r = httpx.get(f"{server.url}{path}", timeout=30)
+                status = r.status_code
+                if status != 503:
+                    break
+                time.sleep(0.1)
+            assert status == 200 and r.content == data
+        assert counters(server)["aborted_total"] == 1
+        assert "under the minimum" in (server.log.read_text() if server.log else "")
+    finally:
+        server.stop()

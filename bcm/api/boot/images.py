@@ -1,14 +1,18 @@
 """/boot/v1/images/{name}/{version}/{file}: artifacts for network boot (no token; images hold no secrets).
 
 Served with ``Range`` and ``ETag`` (the artifact's sha256), at most ``images.max_transfers`` at once
-(more get a 503 with Retry-After). An artifact whose file is missing or not the size recorded at publish
+and ``images.max_transfers_per_client`` from one client address (more get a 503 with Retry-After); a
+download slower than ``images.min_rate_bytes_s`` over ``images.min_rate_window_s`` is dropped, so slow
+readers cannot hold every slot. An artifact whose file is missing or not the size recorded at publish
 is never sent: a 404 or 500 and an event, so a half-written file is not presented as whole.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import FileResponse, Response
@@ -16,6 +20,7 @@ from fastapi.responses import FileResponse, Response
 from bcm.api.deps import SessionDep
 from bcm.api.params import Name
 from bcm.errors import BcmError, NotFound, Unavailable
+from bcm.pathsend import RateFloor, SlowReader
 from bcm.services import events
 from bcm.services import images as svc
 
@@ -28,21 +33,35 @@ class ArtifactCorrupt(BcmError):
     status_code = 500
 
 
+log = logging.getLogger("bcm.boot")
+
+
 class Transfers:
-    """A count of artifact downloads in flight, bounded."""
+    """Artifact downloads in flight, bounded in all and per client address."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_client: int | None = None) -> None:
         self.limit, self.active, self._lock = limit, 0, threading.Lock()
+        self.per_client = per_client or limit
+        self.by_client: dict[str, int] = {}
 
-    def enter(self) -> None:
+    def enter(self, client: str = "unknown") -> None:
         with self._lock:
             if self.active >= self.limit:
                 raise Unavailable(f"{self.limit} image downloads in flight; try again", retry_after=2)
+            if self.by_client.get(client, 0) >= self.per_client:
+                raise Unavailable(f"{client} already has {self.per_client} image downloads in flight; try again "
+                                  "when one ends", retry_after=2)  # fmt: skip
             self.active += 1
+            self.by_client[client] = self.by_client.get(client, 0) + 1
 
-    def leave(self) -> None:
+    def leave(self, client: str = "unknown") -> None:
         with self._lock:
             self.active -= 1
+            left = self.by_client.get(client, 1) - 1
+            if left > 0:
+                self.by_client[client] = left
+            else:
+                self.by_client.pop(client, None)
 
 
 class CountedFile(FileResponse):
@@ -55,21 +74,53 @@ class CountedFile(FileResponse):
 
     chunk_size = 4 * 1024 * 1024
 
-    def __init__(self, *args: object, transfers: Transfers, **kwargs: object) -> None:
+    def __init__(
+        self, *args: object, transfers: Transfers, client: str = "unknown", min_rate: tuple[int, float] = (0, 30.0),
+        **kwargs: object,
+    ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._transfers = transfers
+        self._transfers, self._client, self._min_rate = transfers, client, min_rate
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         try:
+            if self._min_rate[0] > 0:
+                send = held_to_a_floor(send, RateFloor(*self._min_rate))
             await super().__call__(scope, receive, send)
+        except SlowReader as exc:  # the response is incomplete: the server closes the connection
+            log.info("boot artifact download by %s dropped: %s", self._client, exc)
         finally:
-            self._transfers.leave()
+            self._transfers.leave(self._client)
+
+
+def held_to_a_floor(send: Any, floor: RateFloor) -> Any:
+    """``send`` for a body sent in chunks (a Range, a server without pathsend): each chunk must be taken
+    by the client while the window's minimum is still reachable, or :class:`SlowReader` ends the download
+    (a whole file by pathsend is judged in :func:`bcm.pathsend._sendfile_all`)."""
+
+    async def send_with_floor(message: Any) -> None:
+        if message.get("type") != "http.response.body":
+            await send(message)
+            return
+        task = asyncio.ensure_future(send(message))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=floor.left())
+                if not task.done():
+                    floor.judge()
+        except BaseException:
+            task.cancel()
+            raise
+        await task
+        floor.moved_bytes(len(message.get("body", b"")))
+
+    return send_with_floor
 
 
 def _transfers(request: Request) -> Transfers:
     state = request.app.state
     if getattr(state, "image_transfers", None) is None:
-        state.image_transfers = Transfers(state.settings.images.max_transfers)
+        conf = state.settings.images
+        state.image_transfers = Transfers(conf.max_transfers, conf.max_transfers_per_client)
     return state.image_transfers  # type: ignore[no-any-return]
 
 
@@ -88,10 +139,14 @@ def artifact(name: Name, version: Version, filename: Filename, request: Request,
         session.commit()
         raise ArtifactCorrupt(f"image {name} version {version}: {filename} does not match its published size")
     transfers = _transfers(request)
-    transfers.enter()
+    client = request.client.host if request.client else "unknown"
+    transfers.enter(client)
+    conf = request.app.state.settings.images
     return CountedFile(
         path,
         transfers=transfers,
+        client=client,
+        min_rate=(conf.min_rate_bytes_s, conf.min_rate_window_s),
         media_type="application/octet-stream",
         headers={"ETag": f'"{art.sha256}"', "Cache-Control": "no-cache"},
     )
