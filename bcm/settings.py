@@ -77,7 +77,9 @@ class PowerSettings(BaseModel):
     concurrency: int = Field(default=32, ge=1, le=1024)
     poll_interval_s: float = Field(default=300.0, ge=0)  # 0: never read power states in the background
     ipmi_cipher_suite: int = Field(default=3, ge=0, le=17)
-    redfish_verify_tls: bool = True
+    # Redfish over https: "pin" pins each BMC's certificate (sha256) on first contact and refuses another
+    # one later (`bcm power unpin` clears a pin); "ca" needs a certificate from a CA the head node trusts
+    redfish_tls: Literal["pin", "ca"] = "pin"
 
 
 class DbSettings(BaseModel):

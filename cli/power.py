@@ -34,7 +34,8 @@ def set_bmc(
         bool, typer.Option("--password-stdin", help="read the BMC password from stdin")
     ] = False,
 ) -> None:
-    """Set nodes' BMC settings; the password is read from stdin, stored encrypted, never shown."""
+    """Set nodes' BMC settings; the password is read from stdin, stored encrypted, never shown, and sent
+    only to the BMC the node has now (after an address or protocol change, set it again)."""
     body = {
         k: v for k, v in {"bmc_address": address, "bmc_protocol": protocol, "bmc_user": user}.items() if v
     }
@@ -56,17 +57,37 @@ def set_category(
     protocol: Annotated[str | None, typer.Option(help="ipmi or redfish")] = None,
     user: Annotated[str | None, typer.Option(help="BMC user")] = None,
     password_stdin: Annotated[
-        bool, typer.Option("--password-stdin", help="read the BMC password from stdin")
+        bool,
+        typer.Option(
+            "--password-stdin",
+            help="read the BMC password from stdin; it is used for the BMCs the category's nodes have now",
+        ),
     ] = False,
+    allow_http: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-http/--no-allow-http",
+            help="allow the category's Redfish BMCs on plain http (passwords cross the network in clear)",
+        ),
+    ] = None,
 ) -> None:
     """Set the BMC protocol, user and password that a category's nodes inherit."""
     c = client()
     body = {k: v for k, v in {"bmc_protocol": protocol, "bmc_user": user}.items() if v}
     if body:
         c.patch(f"/api/v1/categories/{name}", body)
+    if allow_http is not None:
+        c.request("PUT", f"/api/v1/categories/{name}/bmc-allow-http", json={"allow": allow_http})
     if password_stdin:
         c.request("PUT", f"/api/v1/categories/{name}/bmc-password", json={"password": _read_password()})
     out.print(f"updated category {name}")
+
+
+@app.command("unpin")
+def unpin(nodes: Nodes) -> None:
+    """Forget the pinned TLS certificates of nodes' Redfish BMCs (after a certificate was replaced)."""
+    res = client().post("/api/v1/nodes/bmc-unpin", {"nodes": nodes})
+    out.print(f"cleared {res['updated']} pin(s); the next contact pins the certificate the BMC presents")
 
 
 def _action(action: str, help_text: str) -> None:

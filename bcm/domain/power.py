@@ -2,6 +2,11 @@
 
 A node's BMC is reached at its own ``bmc_address``; protocol, user and password are inherited from
 its category when the node does not set them (the password stays encrypted until a driver needs it).
+
+A stored password is bound to the BMC it was set for (``target_key``: protocol, scheme, host, port).
+Operators may change a node's address or protocol, but the password then stays unused until an admin
+sets it again (``binding_refusal``): otherwise an operator could point the address at a host of their
+own and have bcm send the admin's password there.
 """
 
 from __future__ import annotations
@@ -73,6 +78,50 @@ class BmcAddress:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return host + (f":{self.port}" if self.port else "")
 
+    def is_plain_http(self, protocol: BmcProtocol) -> bool:
+        return protocol is BmcProtocol.REDFISH and self.scheme == "http"
+
+
+def target_key(protocol: BmcProtocol, address: BmcAddress) -> str:
+    """The BMC a password is bound to, with default ports spelled out: ``ipmi://10.0.0.5:623``,
+    ``redfish+https://bmc01:443``, ``redfish+http://10.0.0.6:8000``."""
+    if protocol is BmcProtocol.IPMI:
+        host = f"[{address.host}]" if ":" in address.host else address.host
+        return f"ipmi://{host}:{address.port or DEFAULT_PORTS[protocol]}"
+    return f"redfish+{address.url(protocol)}"
+
+
+def binding_refusal(node: str, bound: str | None, current: str, category: str | None) -> str | None:
+    """Why the node's stored BMC password must not be sent to ``current`` (None: it was set for it).
+
+    ``category`` names the category the password comes from (None: the node's own password).
+    """
+    if bound == current:
+        return None
+    again = (
+        f"bcm power set-category {category} --password-stdin, or bcm power set {node} --password-stdin"
+        if category
+        else f"bcm power set {node} --password-stdin"
+    )
+    whose = f"BMC credentials of {node}" + (f" (from category {category})" if category else "")
+    if bound is None:
+        was = (
+            "were not set for it (it joined the category or got its BMC address later)"
+            if category
+            else "were set before bcm bound credentials to a BMC"
+        )
+        return f"{whose} {was}; its BMC is {current}: an admin must set them again ({again})"
+    return f"{whose} were set for {bound}; its BMC is now {current}: an admin must set them again ({again})"
+
+
+def plain_http_refusal(node: str, current: str, category: str | None) -> str:
+    where = f"category {category}" if category else "a category"
+    return (
+        f"BMC of {node} is plain http ({current}): its password would cross the network unencrypted; "
+        f"use an https address, or an admin allows plain http for {where} "
+        f"(bcm power set-category {category or 'NAME'} --allow-http)"
+    )
+
 
 def parse_bmc_address(value: str) -> BmcAddress:
     """``host``, ``host:port``, ``[v6]:port`` or (Redfish) ``http(s)://host[:port]``; InvalidInput otherwise."""
@@ -127,6 +176,7 @@ class BmcTarget:
     address: BmcAddress
     user: str
     password: str = field(repr=False)
+    tls_pin: str | None = None  # Redfish over https: sha256 of the BMC's certificate, pinned on first contact
 
     def describe(self) -> str:
         return f"node {self.node}: BMC {self.address.display()} ({self.protocol.value})"

@@ -4,11 +4,16 @@ Each BMC controls one machine directory (``bcm.lab.chassis``): power on starts t
 power off kills it, and a one-time PXE boot is passed to its next start. The emulators listen on
 the address given (a lab address on the bridge, or 127.0.0.1 in driver tests); their configuration is
 rendered from ``templates/lab/`` and holds the BMC password, so it is written 0600 and never logged.
+A Redfish BMC serves https with its own self-signed certificate, made at its first start (as a real
+BMC's is): bcm pins it on first contact.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -47,7 +52,7 @@ class BmcSpec:
     def address(self) -> str:
         """What bcm stores as the node's ``bmc_address``."""
         if self.kind == "redfish":
-            return f"http://{self.listen}:{self.port}"
+            return f"https://{self.listen}:{self.port}"
         return f"{self.listen}:{self.port}"
 
     def to_dict(self) -> dict[str, object]:
@@ -98,6 +103,48 @@ def _private(path: Path, text: str) -> None:
         f.write(text)
 
 
+def make_certificate(directory: Path, host: str) -> str:
+    """A self-signed certificate for ``host`` (tls.crt, tls.key 0600) unless there is one; its sha256 (hex, DER)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    crt, key_file = directory / "tls.crt", directory / "tls.key"
+    if not crt.exists():
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"bmc {host}")])
+        now = datetime.datetime.now(datetime.UTC)
+        try:
+            alt: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        except ValueError:
+            alt = x509.DNSName(host)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=3650))
+            .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        _private(key_file, pem.decode())
+        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return certificate_sha256(crt)
+
+
+def certificate_sha256(crt: Path) -> str:
+    """The sha256 (hex) of a PEM certificate's DER form: what bcm pins."""
+    import ssl
+
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(crt.read_text())).hexdigest()
+
+
 def _check_password(password: str) -> None:
     # the IPMI config quotes it and ipmi_sim allows at most 20 bytes (IPMI v2 passwords)
     if not (1 <= len(password) <= 20) or not password.isascii() or any(c in password for c in '"\\ \n'):
@@ -126,6 +173,7 @@ def start(
         hashed = bcrypt.hashpw(spec.password.encode(), bcrypt.gensalt(rounds=4)).decode()
         _private(spec.dir / "htpasswd", f"{spec.user}:{hashed}\n")
         _private(spec.dir / "emulator.conf", render_redfish(spec, mac))
+        make_certificate(spec.dir, spec.listen)
         (spec.dir / "state").mkdir(exist_ok=True)
         argv = [sys.executable, "-m", "bcm.lab.redfish_bmc", str(spec.dir / "emulator.conf"), str(spec.dir)]
     else:

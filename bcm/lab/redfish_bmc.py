@@ -2,7 +2,8 @@
 
 Run as ``python -m bcm.lab.redfish_bmc CONFIG MACHINE_DIR``. CONFIG is the emulator's own config file
 (rendered from ``templates/lab/sushy/emulator.conf.j2``); MACHINE_DIR is what ``bcm.lab.chassis``
-controls, the same code ipmi_sim drives, so both kinds of BMC switch the same kind of machine.
+controls, the same code ipmi_sim drives, so both kinds of BMC switch the same kind of machine. With
+``tls.crt`` and ``tls.key`` in MACHINE_DIR (``bcm.lab.bmc.make_certificate``) it serves https.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main(argv: list[str]) -> int:
 
     fakedriver.FakeDriver = make_driver(machine_dir)  # the emulator looks it up at first use
     sys.argv = ["sushy-emulator", "--config", config, "--fake"]
+    if (machine_dir / "tls.crt").exists():
+        sys.argv += ["--ssl-certificate", str(machine_dir / "tls.crt"), "--ssl-key", str(machine_dir / "tls.key")]
     result: Any = emulator.main()
     return int(result or 0)
 

@@ -88,6 +88,9 @@ class Category(CategoryBase, table=True):
     health_policy: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
+    # member node -> the BMC (bcm.domain.power.target_key) it had when an admin set the password above
+    bmc_password_targets: dict[str, str] | None = Field(default=None, sa_column=json_column())
+    bmc_allow_http: bool = False  # admin only: members may reach Redfish BMCs over plain http
 
 
 class CategoryCreate(CategoryBase):

@@ -92,6 +92,9 @@ class Node(NodeSettings, table=True):
     updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     inventoried_at: datetime | None = Field(default=None, sa_column=ts_column())
     bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
+    # the BMC (bcm.domain.power.target_key) the node's own password was set for; elsewhere it is not sent
+    bmc_password_target: str | None = Field(default=None, max_length=300)
+    bmc_tls_pin: str | None = Field(default=None, max_length=64)  # Redfish https: sha256 of the BMC's certificate
     power_state: str | None = Field(default=None, max_length=16)
     power_checked_at: datetime | None = Field(default=None, sa_column=ts_column())
     running_image: str | None = Field(default=None, max_length=200)  # "<image>:<version>" last pushed

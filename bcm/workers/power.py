@@ -20,6 +20,7 @@ from bcm.domain.power import BmcTarget, BootDevice, PowerAction, PowerState
 from bcm.drivers.power import (
     BmcAuthFailed,
     BmcBadAnswer,
+    BmcCertChanged,
     BmcError,
     BmcRefused,
     BmcUnreachable,
@@ -41,7 +42,7 @@ _EXPECT = {PowerAction.ON: PowerState.ON, PowerAction.OFF: PowerState.OFF, Power
 
 def limits(settings: Settings) -> CallLimits:
     p = settings.power
-    return CallLimits(p.timeout_s, p.retries, p.ipmi_cipher_suite, p.redfish_verify_tls)
+    return CallLimits(p.timeout_s, p.retries, p.ipmi_cipher_suite, p.redfish_tls)
 
 
 def _error_status(exc: BmcError) -> str:
@@ -50,6 +51,7 @@ def _error_status(exc: BmcError) -> str:
         (BmcUnreachable, "unreachable"),
         (BmcBadAnswer, "bad_answer"),
         (BmcRefused, "refused"),
+        (BmcCertChanged, "tls_changed"),
     ):
         if isinstance(exc, cls):
             return status
@@ -57,8 +59,23 @@ def _error_status(exc: BmcError) -> str:
 
 
 async def act(target: BmcTarget, action: PowerAction, call_limits: CallLimits) -> dict[str, Any]:
-    """One node's action as a result entry; never raises for a BMC's failure."""
+    """One node's action as a result entry; never raises for a BMC's failure.
+
+    An entry may carry ``tls_pin``, the certificate a first contact saw, for ``record_results`` to pin.
+    """
     driver = driver_for(target, call_limits)
+    entry = await _act(driver, action)
+    if target.tls_pin is None and driver.tls_pin_seen:
+        entry["tls_pin"] = driver.tls_pin_seen
+    return entry
+
+
+def shown(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Result entries as an operation shows them (without the certificate to pin)."""
+    return {n: {k: v for k, v in r.items() if k != "tls_pin"} for n, r in results.items()}
+
+
+async def _act(driver: Any, action: PowerAction) -> dict[str, Any]:
     try:
         if action is PowerAction.STATUS:
             state = (await driver.status()).value
@@ -133,7 +150,7 @@ async def run_operation(
             if batch:
                 svc.record_results(s, action, batch, actor)
                 lines = "".join(f"{n}: {r['status']} {r.get('message', '')}\n" for n, r in batch.items())
-                op_svc.add_results(s, op, batch, lines)
+                op_svc.add_results(s, op, shown(batch), lines)
 
     async def flusher() -> None:
         while True:

@@ -1,4 +1,5 @@
-"""/api/v1/nodes/actions/power-*: power operations through BMCs; BMC passwords (write-only)."""
+"""/api/v1/nodes/actions/power-*: power operations through BMCs; BMC passwords (write-only), TLS pins,
+plain-http permission. Everything that decides where a password may go is admin only."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ class PasswordRequest(SQLModel):
 
 class CategoryPasswordRequest(SQLModel):
     password: str = Field(min_length=1, max_length=128, repr=False)
+
+
+class NodesRequest(SQLModel):
+    nodes: str = Field(max_length=65535)
+
+
+class AllowHttpRequest(SQLModel):
+    allow: bool
 
 
 @router.post("/nodes/actions/power-{action}", response_model=VerbResult)
@@ -69,3 +78,16 @@ def set_category_password(
         session, request.app.state.settings.state_dir, name, body.password, actor(token)
     )
     return {"updated": 1}
+
+
+@router.put("/categories/{name}/bmc-allow-http")
+def set_category_http(body: AllowHttpRequest, session: SessionDep, token: Admin, name: Name) -> dict[str, Any]:
+    """Allow (or forbid) the category's nodes to reach Redfish BMCs over plain http (passwords in clear)."""
+    svc.set_category_http(session, name, body.allow, actor(token))
+    return {"updated": 1, "bmc_allow_http": body.allow}
+
+
+@router.post("/nodes/bmc-unpin")
+def unpin(body: NodesRequest, session: SessionDep, token: Admin) -> dict[str, Any]:
+    """Forget the nodes' pinned BMC certificates (replaced certificates); the next contact pins anew."""
+    return {"updated": svc.clear_tls_pins(session, expand_hostlist(body.nodes, "nodes"), actor(token))}

@@ -9,6 +9,7 @@ from bcm.domain.power import BmcProtocol, BmcTarget
 from bcm.drivers.power.base import (
     BmcAuthFailed,
     BmcBadAnswer,
+    BmcCertChanged,
     BmcError,
     BmcRefused,
     BmcUnreachable,
@@ -19,6 +20,7 @@ from bcm.drivers.power.base import (
 __all__ = [
     "BmcAuthFailed",
     "BmcBadAnswer",
+    "BmcCertChanged",
     "BmcError",
     "BmcRefused",
     "BmcUnreachable",

@@ -4,7 +4,9 @@ BmcError (DriverError)                 every failure names the node and its BMC
 ├── BmcUnreachable (Retryable)         no answer within the timeout, connection refused: retried
 ├── BmcAuthFailed (Fatal)              user or password rejected: never retried (no lock-out storms)
 ├── BmcBadAnswer (Fatal)               the BMC answered something that is not its protocol
-└── BmcRefused (Fatal)                 the BMC understood and said no (unsupported, invalid request)
+├── BmcRefused (Fatal)                 the BMC understood and said no (unsupported, invalid request)
+└── BmcCertChanged (Fatal)             Redfish over https: not the certificate pinned on first contact;
+                                       the connection is dropped after the handshake, nothing is sent
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from bcm.domain.power import BmcTarget, BootDevice, PowerState
 from bcm.errors import DriverError, FatalDriverError, RetryableDriverError
@@ -44,12 +46,18 @@ class BmcRefused(BmcError, FatalDriverError):
     """The BMC refused the request (unsupported command or invalid data)."""
 
 
+class BmcCertChanged(BmcError, FatalDriverError):
+    """The BMC presented another TLS certificate than the one pinned for it."""
+
+
 @dataclass(frozen=True)
 class CallLimits:
     timeout_s: float = 10.0  # one try, end to end
     retries: int = 2  # extra tries after BmcUnreachable only
     cipher_suite: int = 3  # IPMI RMCP+ cipher suite
-    verify_tls: bool = True  # Redfish over https
+    # Redfish over https: "pin" trusts the certificate seen first and only it from then on (BMCs' own
+    # self-signed ones); "ca" needs one that chains to a CA the head node trusts and names the host
+    tls: Literal["pin", "ca"] = "pin"
 
 
 class PowerDriver(Protocol):
@@ -70,6 +78,11 @@ class PowerDriver(Protocol):
     async def cycle(self) -> None: ...
 
     async def set_next_boot(self, device: BootDevice) -> None: ...
+
+    @property
+    def tls_pin_seen(self) -> str | None:
+        """The sha256 of the certificate the BMC presented (Redfish over https with pinning), else None."""
+        ...
 
 
 async def bounded(target: BmcTarget, limits: CallLimits, what: str, call: Callable[[], Awaitable[T]]) -> T:

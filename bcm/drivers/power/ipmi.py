@@ -50,6 +50,10 @@ class IpmiDriver:
 
     # ---- the PowerDriver interface ----------------------------------------------------------------
 
+    @property
+    def tls_pin_seen(self) -> str | None:
+        return None
+
     async def status(self) -> PowerState:
         out = await self._call("power status", ["chassis", "power", "status"])
         if "Chassis Power is on" in out:
