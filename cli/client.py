@@ -63,7 +63,10 @@ class Client:
             raise CliError(_error_line(resp))
         if resp.status_code == 204 or not resp.content:
             return None
-        return resp.json()
+        try:
+            return resp.json()
+        except ValueError:  # not JSON, or a number with more digits than Python converts
+            raise CliError(f"the bcm server at {self.url} answered {method} {path} with what is not JSON") from None
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})

@@ -35,7 +35,7 @@ def wait_operation(c: Client, op_id: int, *, timeout_s: float = 3600, quiet: boo
     deadline = time.monotonic() + timeout_s
     op: dict[str, Any] = c.get(f"/api/v1/operations/{op_id}")
     with Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -71,13 +71,13 @@ def show_operation(op: dict[str, Any], as_json: bool) -> None:
         ],
     )
     if op.get("error"):
-        out.print(f"[red]{op['error']}[/red]")
+        out.print(op["error"], style="red")
 
 
 def print_failure(op: dict[str, Any]) -> None:
     """An operation that did not succeed, as one red line with its reason."""
     reason = op.get("error") or "no reason recorded; see `bcm op show` for its log"
-    err.print(f"[red]error: operation {op['id']} {op['kind']} {op['state']}: {reason}[/red]", soft_wrap=True)
+    err.print(f"error: operation {op['id']} {op['kind']} {op['state']}: {reason}", style="red", soft_wrap=True)
 
 
 def follow(

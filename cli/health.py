@@ -11,10 +11,11 @@ import typer
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from cli.client import Client, CliError
 from cli.common import JsonOpt, client
-from cli.render import emit_json, err, out, table
+from cli.render import emit_json, err, out, safe, table
 
 app = typer.Typer(
     help="GPU health: summary (no subcommand), nodes, gpus, events, watch.",
@@ -39,9 +40,9 @@ def since_param(value: str | None) -> str | None:
         raise CliError(f"--since: give an ISO time or an age like 10m, 2h, 1d (not {value!r})") from None
 
 
-def _v(verdict: str | None) -> str:
+def _v(verdict: str | None) -> Text:
     v = verdict or "UNKNOWN"
-    return f"[{COLOUR.get(v, 'white')}]{v}[/]"
+    return safe(v, style=COLOUR.get(v, "white"))
 
 
 def summary_renderable(s: dict[str, Any], failing: list[dict[str, Any]]) -> Group:

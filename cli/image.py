@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.common import JsonOpt, client, follow
-from cli.render import emit_json, out, table
+from cli.render import emit_json, out, safe, table
 
 app = typer.Typer(help="Node images: recipes (images/*.yaml) built into versioned boot artifacts.", no_args_is_help=True)
 
@@ -52,7 +52,7 @@ def _show_build(op: dict[str, Any], as_json: bool) -> None:
         emit_json(op)
         return
     if op.get("error"):
-        out.print(f"[red]{op['error'].strip().splitlines()[-1]}[/red]")
+        out.print(op["error"].strip().splitlines()[-1], style="red")
     else:
         out.print(f"operation {op['id']} {op['kind']}: {op['state']}")
 
@@ -80,12 +80,12 @@ def show(
     if as_json:
         emit_json(img)
         return
-    out.print(f"[bold]{img['name']}[/bold] version {img['version']}: {img['state']}"
+    out.print(safe(img["name"], style="bold"), f"version {img['version']}: {img['state']}"
               f"{' (current)' if img['current'] else ''}; layers {' → '.join(img['layers']) or '-'}; "
               f"kernel {img['kernel_version'] or '-'}, driver {img['driver_version'] or '-'}, "
               f"CUDA {img['cuda_version'] or '-'}, {img['packages']} packages")  # fmt: skip
     if img.get("error"):
-        out.print(f"[red]{img['error'].strip().splitlines()[-1]}[/red]")
+        out.print(img["error"].strip().splitlines()[-1], style="red")
     table(None, ["ARTIFACT", "FILE", "SIZE", "SHA256", "URL"],
           [(a["kind"], a["filename"], _size(a["size"]), a["sha256"], a["url"]) for a in img["artifacts"]])  # fmt: skip
 
@@ -144,4 +144,4 @@ def _show_push(op: dict[str, Any], as_json: bool) -> None:
         rows.append((name, r.get("status"), r.get("changed", ""), detail))
     table(f"operation {op['id']} {op['kind']}: {op['state']}", ["NODE", "RESULT", "CHANGED", "DETAIL"], rows)
     if op.get("error"):
-        out.print(f"[red]{op['error']}[/red]")
+        out.print(op["error"], style="red")

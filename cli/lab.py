@@ -72,8 +72,9 @@ def up(
         raise CliError(exc.message) from None
     if not accounting.mariadb_installed():
         err.print(
-            "[yellow]note: MariaDB is not installed, so Slurm in this lab has no accounting database "
-            "(apt-get install mariadb-server, then bcm lab up again)[/yellow]"
+            "note: MariaDB is not installed, so Slurm in this lab has no accounting database "
+            "(apt-get install mariadb-server, then bcm lab up again)",
+            style="yellow",
         )
     if c:
         names = [n.name for n in lab_nodes]

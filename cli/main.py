@@ -74,13 +74,13 @@ def main() -> None:
     try:
         app()
     except CliError as exc:
-        err.print(f"[red]error: {exc}[/red]", soft_wrap=True)
+        err.print(f"error: {exc}", style="red", soft_wrap=True)
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the edge: one readable line, never a traceback with locals
         from bcm.errors import BcmError
 
         if isinstance(exc, BcmError):
-            err.print(f"[red]error: {exc.message}[/red]", soft_wrap=True)
+            err.print(f"error: {exc.message}", style="red", soft_wrap=True)
             sys.exit(1)
         raise
 

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cli.client import CliError
 from cli.common import JsonOpt, client, follow
-from cli.render import emit_json, err, kv, out, table
+from cli.render import emit_json, err, gib, kv, out, table
 
 app = typer.Typer(
     help="Nodes: register, list, show, change, remove, and lifecycle verbs.", no_args_is_help=True
@@ -126,7 +126,7 @@ def show(name: str, as_json: JsonOpt = False) -> None:
                 if cpu.get("model")
                 else None,
             ),
-            ("memory", f"{mem / 2**30:.1f} GiB" if mem else None),
+            ("memory", f"{gib(mem)} GiB" if mem else None),
             (
                 "os",
                 f"{os_.get('pretty_name') or os_.get('name')}, kernel {facts.get('kernel')}" if os_ else None,
@@ -152,7 +152,7 @@ def show(name: str, as_json: JsonOpt = False) -> None:
             [
                 (
                     d["name"],
-                    f"{d['size_bytes'] / 2**30:.0f}" if d.get("size_bytes") else None,
+                    gib(d.get("size_bytes"), 0) if d.get("size_bytes") else None,
                     d["type"],
                     d["model"],
                     d["serial"],
@@ -304,7 +304,8 @@ def _boot_verb(verb: str, help_text: str) -> None:
         names = [n["name"] for n in res["nodes"]]
         deadline = time.monotonic() + timeout
         states: dict[str, dict[str, Any]] = {}
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())  # fmt: skip
         with Progress(*columns, console=err, disable=as_json) as bar:
             task = bar.add_task(f"{verb} {nodes}", total=len(names))
             while True:
@@ -321,8 +322,8 @@ def _boot_verb(verb: str, help_text: str) -> None:
         else:
             table(None, ["NODE", "STATE", "ERROR"], rows)
         if any(state != "booted" and state != "ready" for _, state, _ in rows):
-            err.print(f"[red]error: not every node booted ({sum(1 for r in rows if r[1] == 'provisioning')} still "
-                      "provisioning)[/red]", soft_wrap=True)  # fmt: skip
+            err.print(f"error: not every node booted ({sum(1 for r in rows if r[1] == 'provisioning')} still "
+                      "provisioning)", style="red", soft_wrap=True)  # fmt: skip
             raise typer.Exit(1)
 
     command.__doc__ = help_text
@@ -352,7 +353,7 @@ def discovered(
         ["NAME", "MAC", "CPU", "THREADS", "MEMORY GiB", "DISKS", "NVIDIA PCI", "PRODUCT"],
         [
             (d["name"], d["mac"], d.get("cpu_model"), d.get("threads"),
-             f"{d['memory_bytes'] / 2**30:.1f}" if d.get("memory_bytes") else None, d["disks"],
+             gib(d.get("memory_bytes")) if d.get("memory_bytes") else None, d["disks"],
              d["nvidia_pci_devices"], d.get("product"))  # fmt: skip
             for d in items
         ],

@@ -10,7 +10,7 @@ import typer
 
 from cli.client import CliError
 from cli.common import JsonOpt, client, show_operation, wait_operation
-from cli.render import emit_json, table
+from cli.render import emit_json, plain, table
 
 app = typer.Typer(
     help="Operations: long jobs (inventory, deploys) with progress and per-node results.",
@@ -71,7 +71,7 @@ def _stream_log(c: Any, op_id: int, op: dict[str, Any], timeout_s: float) -> dic
         log = op.get("log") or ""
         if len(log) < shown:  # the log was cut in the middle: go on from its new end
             shown = 0
-        sys.stdout.write(log[shown:])
+        sys.stdout.write(plain(log[shown:], lines=True))  # a log holds what nodes printed: escapes shown
         sys.stdout.flush()
         shown = len(log)
         if op["state"] not in ("pending", "running"):

@@ -258,7 +258,7 @@ def _show_plan(plan: dict[str, Any], as_json: bool) -> None:
         [(c["action"], c["kind"], c["name"], c["detail"], "drift" if c["drift"] else "") for c in changes],
     )
     for note in plan["notes"]:
-        out.print(f"[yellow]note: {note}[/yellow]")
+        out.print(f"note: {note}", style="yellow")
 
 
 @tenancy_app.command("plan")

@@ -217,3 +217,54 @@ def test_health_from_the_cli(server: Server) -> None:
     watch = server.cli("health", "watch", "--count", "1", "--interval", "0.2")
     assert watch.returncode == 0 and "gpu01" in watch.stdout
     failed_with(server.cli("health", "gpus", "nope"), "nope")
+
+
+HOSTILE = {
+    "title": "\x1b]0;pwned\x07",  # sets the terminal's window title
+    "link": "\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\",  # an OSC-8 hyperlink
+    "markup": "[bold]x[/bold]",
+    "emoji": "node:ab:",
+    "bidi": "abc\u202edcb",
+}
+
+
+def test_data_from_unauthenticated_machines_is_printed_as_text_never_as_markup_or_escapes(server: Server) -> None:
+    """A discovered machine's facts hold terminal escapes, rich markup and emoji codes; the CLI shows them
+    escaped and literal. Control characters are refused at discovery now, so they are written into the
+    database as facts stored before that check would be; markup and ``:ab:`` pass discovery as they are."""
+    import sqlite3
+
+    mac = "52:54:00:ab:cd:ef"  # ':ab:' is an emoji code for rich
+    facts = {
+        "cpu": {"model": HOSTILE["markup"], "threads": 4},
+        "dmi": {"sys_vendor": HOSTILE["emoji"], "product_name": HOSTILE["markup"]},
+        "memory_bytes": 1 << 30,
+        "nics": [{"name": "eth0", "mac": mac}],
+    }
+    r = httpx.post(f"{server.url}/boot/v1/discover", json={"mac": mac, "facts": facts})
+    assert r.status_code == 202, r.text
+    with sqlite3.connect(server.state_dir / "bcm.db") as db:
+        (stored,) = db.execute("SELECT facts FROM node WHERE name = ?", ("mac-525400abcdef",)).fetchone()
+        facts = json.loads(stored)
+        facts["cpu"]["model"] = HOSTILE["title"] + HOSTILE["markup"]
+        facts["dmi"]["product_name"] = HOSTILE["link"] + HOSTILE["bidi"]
+        facts["kernel"] = "6.1\x9b31m"  # an 8-bit CSI
+        facts["nics"][0]["name"] = "eth0" + HOSTILE["title"]
+        facts["memory_bytes"] = int("9" * 4000)  # crashed `bcm node discovered` (no float holds it)
+        db.execute("UPDATE node SET facts = ? WHERE name = ?", (json.dumps(facts), "mac-525400abcdef"))
+
+    listed = ok(server.cli("node", "discovered"))
+    shown = ok(server.cli("node", "show", "mac-525400abcdef"))
+    for text in (listed, shown):
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\u202e" not in text
+        assert r"\x1b]0;pwned\x07[bold]x[/bold]" in text  # escaped, and the markup literal
+        assert "52:54:00:ab:cd:ef" in text and "\U0001f18e" not in text  # no emoji (rich's :ab:)
+    assert "?" in listed.split("mac-525400abcdef", 1)[1].splitlines()[0]  # the 4,000-digit memory, not a crash
+    assert r"\x1b]8;;http://evil.example/\x1b\click\x1b]8;;\x1b\abc\u202edcb" in shown
+    assert "node:ab:" in shown and r"6.1\x9b31m" in shown
+    # an error naming the value prints it as text too
+    bad = server.cli("node", "show", "[bold]x[/bold]")
+    assert bad.returncode != 0 and "\x1b" not in bad.stderr
+    # --json escapes control characters as JSON does
+    raw = ok(server.cli("node", "show", "mac-525400abcdef", "--json"))
+    assert "\x1b" not in raw and json.loads(raw)["hardware"]["facts"]["cpu"]["model"].startswith("\x1b]0;pwned")
