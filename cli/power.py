@@ -49,6 +49,8 @@ def set_bmc(
     if password_stdin:
         c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": nodes, "password": _read_password()})
     out.print(f"updated {len(names)} node(s)")
+    if (address or protocol) and not password_stdin:
+        out.print("a BMC password is sent only to the BMC it was set for: set it again (--password-stdin, admin)")
 
 
 @app.command("set-category")

@@ -111,4 +111,5 @@ class CategoryPublic(CategoryBase):
     name: str
     health_policy: dict[str, Any] | None = None
     node_count: int = 0
+    bmc_allow_http: bool = False  # set by an admin only: PUT /categories/{name}/bmc-allow-http
     created_at: datetime

@@ -181,6 +181,35 @@ def test_an_operator_cannot_send_a_nodes_password_to_a_host_of_their_own(
     assert all(PASSWORD not in api.get(f"/api/v1/operations/{i}").text for i in range(1, op["id"] + 1))
 
 
+def test_what_viewers_read_does_not_tell_open_from_closed_ports(
+    api: Any, bmcs: dict[str, bmc.BmcSpec], listeners: dict[str, Listener], fast_power: Any
+) -> None:
+    """Moved to a closed port, an http or https server, or a UDP service: the same answer, nothing contacted."""
+    register(api, "v1", bmcs["redfish"])
+    api.put("/api/v1/nodes/bmc-password", json={"nodes": "v1", "password": PASSWORD})
+    operator, viewer = make_token(api, "operator"), make_token(api, "viewer")
+    closed = free_port(socket.SOCK_STREAM)
+    seen = set()
+    for address, protocol in [
+        (f"https://127.0.0.1:{closed}", "redfish"),
+        (listeners["http"].address, "redfish"),
+        (listeners["https"].address, "redfish"),
+        (listeners["udp"].address, "ipmi"),
+        (f"127.0.0.1:{closed}", "ipmi"),
+    ]:
+        body = {"bmc_address": address, "bmc_protocol": protocol}
+        assert api.patch("/api/v1/nodes/v1", json=body, headers={"Authorization": f"Bearer {operator}"}).status_code == 200
+        op_id = power(api, "status", "v1", Authorization=f"Bearer {operator}").json()["operation_id"]
+        wait_op(api, op_id)
+        op = api.get(f"/api/v1/operations/{op_id}", headers={"Authorization": f"Bearer {viewer}"}).json()
+        result = op["results"]["v1"]
+        port = address.rsplit(":", 1)[1]
+        seen.add((result["status"], result["message"].replace(port, "PORT").replace("redfish+https", "SCHEME")
+                  .replace("redfish+http", "SCHEME").replace("ipmi", "SCHEME")))  # fmt: skip
+    assert len(seen) == 1 and next(iter(seen))[0] == "no_bmc", seen
+    assert all(listener.contacts == 0 for listener in listeners.values())
+
+
 def test_a_category_password_goes_only_to_the_bmcs_its_nodes_had_when_an_admin_set_it(
     api: Any, engine: Any, settings: Any, bmcs: dict[str, bmc.BmcSpec], listeners: dict[str, Listener],
     fast_power: Any,
@@ -233,6 +262,7 @@ def test_plain_http_needs_an_admins_permission_for_the_category(
 
     # only an admin allows it: an operator's PATCH of the category does not, nor the admin route
     api.patch("/api/v1/categories/old", json={"bmc_allow_http": True}, headers=as_operator)
+    assert api.get("/api/v1/categories/old").json()["bmc_allow_http"] is False
     r = api.put("/api/v1/categories/old/bmc-allow-http", json={"allow": True}, headers=as_operator)
     assert r.status_code == 403
     assert status_as(api, operator, "h1")["results"]["h1"]["status"] == "no_bmc"
@@ -241,6 +271,7 @@ def test_plain_http_needs_an_admins_permission_for_the_category(
     assert r.status_code == 422 and "allow" in r.text
 
     assert api.put("/api/v1/categories/old/bmc-allow-http", json={"allow": True}).status_code == 200
+    assert api.get("/api/v1/categories/old").json()["bmc_allow_http"] is True
     result = status_as(api, operator, "h1")["results"]["h1"]
     assert result["status"] == "auth_failed" and http_bmc.got_password()  # as the admin allowed
     events = api.get("/api/v1/events", params={"action": "category.bmc_allow_http"}).json()

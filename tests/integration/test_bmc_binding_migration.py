@@ -43,7 +43,7 @@ def test_columns_come_and_go_and_old_passwords_stay_unbound(db_url: str) -> None
     engine.dispose()
 
     command.upgrade(cfg, AFTER)
-    assert NODE_COLUMNS <= _columns(db_url, "node") and CATEGORY_COLUMNS <= _columns(db_url, "category")
+    assert _columns(db_url, "node") >= NODE_COLUMNS and _columns(db_url, "category") >= CATEGORY_COLUMNS
     engine = create_engine(db_url)
     with engine.connect() as conn:
         node = conn.execute(text("SELECT bmc_password_enc, bmc_password_target, bmc_tls_pin FROM node")).one()
