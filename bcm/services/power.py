@@ -69,6 +69,11 @@ def set_category_password(session: Session, state_dir: Path, name: str, password
     cat = cat_svc.get(session, name)
     members = list(session.exec(select(Node).where(Node.category_id == cat.id)))
     current = current_targets(session, members)
+    before = cat.bmc_password_targets or {}
+    for node in members:  # those that use this password and have another BMC now: a new certificate to pin
+        if node.bmc_password_enc is None and before.get(node.name) != current[node.name] and node.bmc_tls_pin:
+            node.bmc_tls_pin = None
+            session.add(node)
     cat.bmc_password_enc = secrets.encrypt(state_dir, password)
     cat.bmc_password_targets = {n: t for n, t in sorted(current.items()) if t is not None}
     session.add(cat)

@@ -243,6 +243,19 @@ def test_a_category_password_goes_only_to_the_bmcs_its_nodes_had_when_an_admin_s
     r = api.put("/api/v1/categories/rack1/bmc-password", json={"password": PASSWORD}, headers=as_operator)
     assert r.status_code == 403
 
+    # an admin who sets it again binds it to the BMCs the members have now; c1's BMC moved: its pin goes
+    def pins() -> dict[str, str | None]:
+        with engine.connect() as conn:
+            return {n: p for n, p in conn.execute(text("SELECT name, bmc_tls_pin FROM node"))}
+
+    assert pins()["c1"] is not None
+    assert api.put("/api/v1/categories/rack1/bmc-password", json={"password": PASSWORD}).status_code == 200
+    assert pins() == {"c1": None, "c2": None, "c3": None}
+    results = status_as(api, operator, "c[1-3]")["results"]
+    assert {n: r["status"] for n, r in results.items()} == {"c1": "auth_failed", "c2": "auth_failed", "c3": "no_bmc"}
+    assert "plain http" in results["c3"]["message"]  # rack1 does not allow http
+    assert listeners["https"].got_password()  # where the admin said it may go
+
 
 def test_plain_http_needs_an_admins_permission_for_the_category(
     api: Any, engine: Any, settings: Any, listeners: dict[str, Listener], fast_power: Any

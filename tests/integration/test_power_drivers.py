@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from bcm.domain.power import BmcProtocol, BmcTarget, BootDevice, PowerState, par
 from bcm.drivers.power import (
     BmcAuthFailed,
     BmcBadAnswer,
+    BmcCertChanged,
     BmcUnreachable,
     CallLimits,
     driver_for,
@@ -219,3 +221,30 @@ def test_the_password_is_in_no_command_line_or_environment(emulator: bmc.BmcSpec
         stop.set()
         watcher.join()
     assert seen == []
+
+
+def test_redfish_over_https_pins_the_certificate_and_refuses_another(tmp_path: Path) -> None:
+    """First contact reports the certificate to pin; with another pin nothing is sent (the machine stays
+    off, one try); "ca" mode does not trust the BMC's self-signed certificate at all."""
+    spec = bmc.BmcSpec("redfish", "tls", "127.0.0.1", free_port(), "admin", PASSWORD, str(tmp_path / "bmc"))
+    bmc.write_machine(spec, machine_argv())
+    proc = bmc.start(spec)
+    try:
+        first = driver_for(target(spec), LIMITS)
+        assert asyncio.run(first.status()) is PowerState.OFF
+        assert first.tls_pin_seen == bmc.certificate_sha256(spec.dir / "tls.crt")
+        pinned = replace(target(spec), tls_pin=first.tls_pin_seen)
+        assert asyncio.run(driver_for(pinned, LIMITS).status()) is PowerState.OFF
+
+        other = replace(target(spec), tls_pin="0" * 64)
+        with pytest.raises(BmcCertChanged) as caught:
+            asyncio.run(driver_for(other, CallLimits(timeout_s=8, retries=3)).on())
+        assert caught.value.attempts == 1 and "not the one pinned" in caught.value.message
+        assert PASSWORD not in caught.value.message and Machine(spec.dir).pid() is None
+
+        with pytest.raises(BmcUnreachable) as refused:
+            asyncio.run(driver_for(target(spec), CallLimits(timeout_s=4, retries=0, tls="ca")).on())
+        assert "CERTIFICATE_VERIFY_FAILED" in refused.value.message or "SSL" in refused.value.message
+        assert Machine(spec.dir).pid() is None
+    finally:
+        bmc.stop(proc.pid, spec.dir)
