@@ -19,6 +19,7 @@ from typing import Literal, TypedDict
 SCHEMA_VERSION = 1
 
 # Bounds on one report; the server answers 422 beyond them and the agent trims to them before sending.
+# Strings hold no control characters (C0, DEL, C1); messages and errors may keep newlines and tabs.
 MAX_GPUS = 64
 MAX_NVLINKS = 36
 MAX_XID_EVENTS = 256
