@@ -270,8 +270,12 @@ class _GpuProbe:
             return None
 
 
+_CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)])
+
+
 def _s(value: str | None) -> str | None:
-    return None if value is None else value[: schema.MAX_STRING]
+    """An NVML string as the server takes it: control characters dropped, bounded."""
+    return None if value is None else value.translate(_CONTROL)[: schema.MAX_STRING]
 
 
 def _nvlinks(nv: NvmlBackend, probe: _GpuProbe) -> list[schema.NvLinkSample]:

@@ -482,3 +482,10 @@ def test_a_fake_from_a_file_blocks_like_nvml_when_the_agent_runs_on_it(tmp_path,
     plain.register_xid_events()
     plain.wait_xid(0)
     assert plain.wait_xid(2000) is None and slept == [2.0]  # unit tests' fake never sleeps
+
+
+def test_nvml_strings_lose_control_characters_so_the_server_takes_the_report() -> None:
+    from bcm.agent.collector import _s
+
+    assert _s("NVIDIA H100\x00\x1b[31m\x9b") == "NVIDIA H100[31m"
+    assert _s(None) is None
