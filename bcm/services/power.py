@@ -164,11 +164,11 @@ def load_targets(session: Session, state_dir: Path, names: list[str]) -> Targets
                 address = parse_bmc_address(values["bmc_address"])
                 current = target_key(protocol, address)
                 if n.bmc_password_enc is not None:
-                    why = binding_refusal(n.name, n.bmc_password_target, current, None)
-                else:
-                    assert cat is not None  # effective_bmc found a password: the category's
-                    bound = (cat["bmc_password_targets"] or {}).get(n.name)
-                    why = binding_refusal(n.name, bound, current, cat["name"])
+                    bound, source = n.bmc_password_target, None
+                else:  # effective_bmc found a password: the category's
+                    bound = ((cat or {}).get("bmc_password_targets") or {}).get(n.name)
+                    source = (cat or {}).get("name")
+                why = binding_refusal(n.name, bound, current, source)
                 if why is None and address.is_plain_http(protocol) and not (cat and cat["bmc_allow_http"]):
                     why = plain_http_refusal(n.name, current, cat["name"] if cat else None)
                 if why:

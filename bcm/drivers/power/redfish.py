@@ -61,7 +61,9 @@ class _Pin:
         self.mismatch: str | None = None
 
     def check(self, der: bytes | None) -> None:
-        fingerprint = hashlib.sha256(der or b"").hexdigest()
+        if not der:  # anonymous TLS: nothing to pin, nothing to trust
+            raise ssl.SSLError("the BMC presented no certificate")
+        fingerprint = hashlib.sha256(der).hexdigest()
         self.seen = self.seen or fingerprint
         if self.pinned is None:
             self.pinned = fingerprint
