@@ -291,10 +291,15 @@ def _boot_verb(verb: str, help_text: str) -> None:
         reason: Annotated[str | None, typer.Option(help="recorded with the action")] = None,
         wait: Annotated[bool, typer.Option(help="wait until every node has booted or failed")] = False,
         timeout: Annotated[float, typer.Option(help="seconds --wait waits at most", min=1, max=86400)] = 2400,
+        rekey: Annotated[bool, typer.Option(
+            "--rekey", help="admin: bcm makes new SSH host keys (audited as node.rekey); else a pinned key is kept")] = False,
         as_json: JsonOpt = False,
     ) -> None:
         c = client()
-        res = c.post(f"/api/v1/nodes/actions/{verb}", {"nodes": nodes, "reason": reason})
+        body: dict[str, Any] = {"nodes": nodes, "reason": reason}
+        if rekey:
+            body["rekey"] = True
+        res = c.post(f"/api/v1/nodes/actions/{verb}", body)
         if not wait:
             if as_json:
                 emit_json(res)
