@@ -193,4 +193,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     from bcm.api.boot import pxe as boot_pxe
 
     app.include_router(boot_pxe.router, responses=ERRORS)  # iPXE scripts, discovery, overlay, callback
+    from bcm import ui
+
+    ui.install(app)  # the dashboard at /ui/ (session cookie, not a token; its own security headers)
     return app
