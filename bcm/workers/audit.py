@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 import anyio
 from sqlalchemy import ColumnElement, delete, func, not_, or_, select
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col
+from sqlmodel import col
 
 from bcm.db import session_scope
 from bcm.models.base import utcnow
@@ -29,7 +29,7 @@ from bcm.settings import AuditSettings, Settings
 log = logging.getLogger("bcm.audit")
 
 PEOPLE = ("admin:", "operator:", "user:")  # actors whose actions are kept for the whole retention
-BATCH = 5000  # rows per DELETE: no statement holds the table for long
+BATCH = 5000  # rows per DELETE, each in its own transaction: no writer waits long for SQLite's write turn
 MAX_BACKOFF_S = 3600.0
 
 
@@ -44,29 +44,32 @@ def _people() -> ColumnElement[bool]:
     return or_(*(col(Event.actor).startswith(p) for p in PEOPLE))
 
 
-def _delete_ids(session: Session, where: ColumnElement[bool], limit: int) -> int:
-    """Delete the oldest ``limit`` events matching ``where`` (in batches); returns how many went."""
+def _delete_ids(engine: Engine, where: ColumnElement[bool], limit: int) -> int:
+    """Delete the oldest ``limit`` events matching ``where``, a batch a transaction; returns how many went."""
     done = 0
     while done < limit:
         oldest = select(col(Event.id)).where(where).order_by(col(Event.id)).limit(min(BATCH, limit - done))
-        ids = list(session.execute(oldest).scalars())
+        with session_scope(engine) as session:
+            ids = list(session.execute(oldest).scalars())
+            if ids:
+                session.execute(delete(Event).where(col(Event.id).in_(ids)))
         if not ids:
             break
-        session.execute(delete(Event).where(col(Event.id).in_(ids)))
         done += len(ids)
     return done
 
 
-def prune(session: Session, audit: AuditSettings, now: datetime | None = None) -> Pruned:
-    """One pass of the retention rules (the caller commits)."""
+def prune(engine: Engine, audit: AuditSettings, now: datetime | None = None) -> Pruned:
+    """One pass of the retention rules."""
     now = now or utcnow()
     result = Pruned()
     cutoff = now - timedelta(days=audit.retention_days)
-    result.aged = _delete_ids(session, col(Event.time) < cutoff, 1 << 62)
-    total = session.execute(select(func.count()).select_from(Event)).scalar_one()
+    result.aged = _delete_ids(engine, col(Event.time) < cutoff, 1 << 62)
+    with session_scope(engine) as session:
+        total = session.execute(select(func.count()).select_from(Event)).scalar_one()
     excess = total - audit.max_events
     if excess > 0:
-        result.over_count = _delete_ids(session, not_(_people()), excess)
+        result.over_count = _delete_ids(engine, not_(_people()), excess)
         if result.over_count < excess:
             log.warning(
                 "audit log holds %d events, over audit.max_events=%d: the rest are people's actions inside "
@@ -76,11 +79,10 @@ def prune(session: Session, audit: AuditSettings, now: datetime | None = None) -
 
 
 def run_once(engine: Engine, settings: Settings) -> Pruned:
-    """Write the closed throttle windows' summaries, then prune; one transaction."""
+    """Write the closed throttle windows' summaries, then prune."""
     with session_scope(engine) as session:
         summaries = events.flush_throttled(session)
-        session.flush()
-        result = prune(session, settings.audit)
+    result = prune(engine, settings.audit)
     result.summaries = summaries
     if result.aged or result.over_count:
         log.info("audit log pruned: %d past retention, %d over the count", result.aged, result.over_count)
