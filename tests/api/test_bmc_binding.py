@@ -280,8 +280,10 @@ def test_plain_http_needs_an_admins_permission_for_the_category(
     assert r.status_code == 403
     assert status_as(api, operator, "h1")["results"]["h1"]["status"] == "no_bmc"
     assert http_bmc.contacts == 0
-    r = api.put("/api/v1/categories/old/bmc-allow-http", json={"allow": "sometimes"})
-    assert r.status_code == 422 and "allow" in r.text
+    for bad in ("sometimes", 1, "true", None):
+        r = api.put("/api/v1/categories/old/bmc-allow-http", json={"allow": bad})
+        assert r.status_code == 422 and "allow" in r.text, (bad, r.text)
+    assert api.get("/api/v1/categories/old").json()["bmc_allow_http"] is False
 
     assert api.put("/api/v1/categories/old/bmc-allow-http", json={"allow": True}).status_code == 200
     assert api.get("/api/v1/categories/old").json()["bmc_allow_http"] is True

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import StrictBool
 from sqlmodel import Field, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, actor
@@ -34,7 +35,7 @@ class NodesRequest(SQLModel):
 
 
 class AllowHttpRequest(SQLModel):
-    allow: bool
+    allow: StrictBool  # true or false, not 1 or "yes": it decides where passwords travel in clear
 
 
 @router.post("/nodes/actions/power-{action}", response_model=VerbResult)
