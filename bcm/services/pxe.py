@@ -4,7 +4,13 @@ token and the callback that trades it for an agent token, the per-node overlay, 
 Purposes (one iPXE template each, as MAAS does): ``discovery`` for an unknown or discovered MAC; ``image``
 for a provisioning node whose effective image is ready (kernel, initramfs, root image, overlay, and a
 one-time token on the kernel command line); ``noimage`` for a provisioning node with no image to boot (the
-node fails with ``last_error`` and an event); ``local`` for every other known node.
+node fails with ``last_error`` and an event); ``refused`` for a client that may not have the provisioning
+node's token (not its lease, or not the address its attempt is bound to; the node is left alone);
+``local`` for every other known node.
+
+Boot trust (#26): one token per provisioning attempt, bound to the first client address that fetched the
+script (with bcm's DHCP that must be the MAC's lease); overlay and hello only from that address; the
+overlay with bcm's host private key once per attempt; the node's address of record is the socket's.
 """
 
 from __future__ import annotations
@@ -183,7 +189,8 @@ def boot_script(
     """The iPXE script for the machine that booted from ``mac`` (the caller commits: tokens, events).
 
     With ``check_lease`` (bcm's own DHCP), a script with a boot token is answered only to ``leased``, the
-    address dnsmasq gave that MAC: someone who merely knows a provisioning node's MAC gets no token."""
+    address dnsmasq gave that MAC; in any mode only to the address the attempt is bound to (the first one
+    that fetched it): someone who merely knows a provisioning node's MAC gets no token."""
     node = node_by_mac(session, mac)
     if node is None or node.provision_state == State.DISCOVERED.value:
         return _discovery(session, settings, mac, node)
@@ -324,11 +331,9 @@ def _refuse(session: Session, mac: str, why: str, peer: str | None, node: str | 
     session.commit()
 
 
-def check_boot_token(
-    session: Session, mac: str, token: str | None, peer: str | None, *, consume: bool
-) -> tuple[Node, BootToken]:
+def check_boot_token(session: Session, mac: str, token: str | None, peer: str | None) -> tuple[Node, BootToken]:
     """The node a one-time token belongs to, checked against Ironic's rule and the address the boot is
-    bound to; a refusal is recorded (the caller brakes the client)."""
+    bound to; a refusal is recorded (the caller brakes the client). Using it up is the caller's."""
     if not token:
         raise Unauthorized("no boot token: send `Authorization: Bearer <bcm.token from the kernel command line>`")
     row = session.exec(select(BootToken).where(BootToken.token_hash == hash_token(token))).first()
@@ -352,10 +357,6 @@ def check_boot_token(
     if node is None or node.provision_state != State.PROVISIONING.value:
         _refuse(session, mac, f"node is {node.provision_state if node else 'gone'}, not provisioning", peer, name)
         raise Conflict(f"node {name} is not provisioning")
-    if consume:
-        row.used_at = utcnow()
-        row.token_enc = None
-        session.add(row)
     return node, row
 
 
@@ -372,7 +373,7 @@ def hello(
     node's address of record is the connection's (the bound address), never a header or a field."""
     from bcm.services import agents as agent_svc
 
-    node, row = check_boot_token(session, mac, token, peer, consume=False)
+    node, row = check_boot_token(session, mac, token, peer)
     if host_key_source(session, node) == "node":
         if host_key is None:  # the token stays usable: a fixed bcm-hello may call again
             raise InvalidInput("host_key: this node makes its own SSH host key; send its public key", field="host_key")
@@ -591,7 +592,7 @@ def _add(tar: tarfile.TarFile, path: str, data: bytes | None, mode: int, kind: b
 def overlay(session: Session, settings: Settings, mac: str, token: str | None, peer: str | None) -> bytes:
     """The files only this node gets at boot, as one tar.gz the initramfs unpacks over the image; only to the
     address the boot is bound to, and, when it carries bcm's host private key, once per attempt."""
-    node, row = check_boot_token(session, mac, token, peer, consume=False)
+    node, row = check_boot_token(session, mac, token, peer)
     private = None
     if host_key_source(session, node) == "bcm" and node.host_key_enc and node.ssh_host_key:
         if row.overlay_at is not None:
