@@ -46,7 +46,7 @@ async def operation_log(
 ) -> Response:
     engine = request.app.state.engine
     await anyio.to_thread.run_sync(_read, engine, op_id)  # 404 now, not inside the stream
-    last = request.headers.get("last-event-id", "0")
+    last = request.headers.get("last-event-id", "")
     start = int(last) if last.isdigit() and len(last) < 12 else start_at
 
     async def stream() -> AsyncIterator[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -133,6 +134,13 @@ class UiRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def run(request: Request) -> Response:
+            started = time.perf_counter()
+            response = await answer(request)
+            # the page's own time on the server (bench/ui.py reads it; browsers show it in their tools)
+            response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
+            return response
+
+        async def answer(request: Request) -> Response:
             try:
                 return await handler(request)
             except SignInNeeded:
