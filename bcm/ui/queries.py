@@ -63,6 +63,11 @@ class NodeRow:
     clusters: list[str] = field(default_factory=list)
 
     @property
+    def gpus(self) -> int:
+        """GPUs inventoried, or (before an inventory) those the agent reports."""
+        return self.node.gpu_count or sum(self.gpu_verdicts.values())
+
+    @property
     def gpu_health(self) -> str:
         """The worst GPU verdict first: ``1 FAIL · 7 OK``."""
         parts = sorted(self.gpu_verdicts.items(), key=lambda kv: VERDICT_ORDER.get(kv[0], 9))

@@ -218,12 +218,13 @@ def node_page(request: Request, name: str, me: Me, session: SessionDep) -> Respo
     gpus = health_queries.node_gpus(session, name)
     keep = request.app.state.settings.health.history_per_gpu
     gpu_charts: dict[str, dict[str, Any]] = {}
+    samples: dict[str, int] = {}
     for g in gpus:
         try:
             history = health_queries.gpu_history(session, g.uuid, node=name, limit=keep).samples
         except (NotFound, BcmError):
             history = []
-        gpu_charts[g.uuid] = charts.gpu_charts(history)
+        gpu_charts[g.uuid], samples[g.uuid] = charts.gpu_charts(history), len(history)
     nh = {r.name: r for r in health_queries.list_nodes(session, request.app.state.settings.health,
                                                       hostlist=name, limit=1).items}  # fmt: skip
     ops = [
@@ -238,6 +239,7 @@ def node_page(request: Request, name: str, me: Me, session: SessionDep) -> Respo
         "inventory_gpus": hardware["gpus"],
         "gpus": gpus,
         "charts": gpu_charts,
+        "samples": samples,
         "events": events.query(session, target=name, limit=30),
         "health_events": health_queries.events(session, node=name, limit=30),
         "operations": ops,

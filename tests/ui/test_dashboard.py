@@ -49,7 +49,7 @@ def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(b
         assert "unsafe-inline" not in csp and "script-src 'self'" in csp and "default-src 'none'" in csp
         assert response.headers["x-frame-options"] == "DENY"
         assert page.locator("main h1").count() == 1, path
-        shoot(page, "admin-" + (path.strip("/").replace("/", "-") or "overview"))
+        shoot(page, "admin-" + (path.removeprefix("/ui/").strip("/").replace("/", "-") or "overview"))
     # a CSP violation (an inline style or script of ours) or a fetch from elsewhere would be listed here
     assert problems == []
     # keyboard: the first Tab reaches the skip link, which leads to the page's content
