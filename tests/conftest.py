@@ -54,6 +54,18 @@ def pg_schema() -> Iterator[str]:
     admin.dispose()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lab_space_stays_local() -> None:
+    """Tests use lab addresses (198.18.0.0/15) in fixtures and requests even without a lab: before any
+    test runs, that range is unreachable from the host namespace, so nothing for it ever leaves the
+    machine. Needs root; elsewhere a test that would connect to a lab address has no lab to reach."""
+    if os.geteuid() != 0:
+        return
+    from bcm.lab.net import keep_lab_space_local
+
+    keep_lab_space_local()
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     with pg_schema() as url:
