@@ -189,6 +189,13 @@ def test_a_node_made_host_key_is_pinned_at_hello(
 ) -> None:
     bad = api.post("/api/v1/categories", json={"name": "untrusted", "host_key_source": "nodes"})
     assert bad.status_code == 422 and bad.json()["field"] == "host_key_source"
+    # what bcm trusts at boot is an admin's choice: an operator may neither create nor switch it
+    op = {"Authorization": "Bearer " + api.post("/api/v1/tokens", json={"name": "op", "role": "operator"}).json()["token"]}
+    r = api.post("/api/v1/categories", json={"name": "untrusted", "host_key_source": "node"}, headers=op)
+    assert r.status_code == 403 and r.json()["field"] == "host_key_source"
+    assert api.post("/api/v1/categories", json={"name": "plain"}, headers=op).status_code == 201
+    r = api.patch("/api/v1/categories/plain", json={"host_key_source": "node"}, headers=op)
+    assert r.status_code == 403 and api.get("/api/v1/categories/plain").json()["host_key_source"] is None
     r = api.post("/api/v1/categories", json={"name": "untrusted", "host_key_source": "node"})
     assert r.status_code == 201 and r.json()["host_key_source"] == "node", r.text
     publish_image(engine, settings)

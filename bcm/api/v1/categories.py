@@ -8,7 +8,10 @@ from fastapi import APIRouter, status
 
 from bcm.api.deps import Operator, SessionDep, Viewer, actor
 from bcm.api.params import Name
+from bcm.errors import Forbidden
+from bcm.models.auth import ApiToken, Role
 from bcm.models.category import CategoryCreate, CategoryPublic, CategoryUpdate
+from bcm.services import auth
 from bcm.services import categories as svc
 
 router = APIRouter(prefix="/categories", tags=["categories"])
@@ -21,6 +24,7 @@ def list_categories(session: SessionDep, _t: Viewer) -> list[CategoryPublic]:
 
 @router.post("", response_model=CategoryPublic, status_code=status.HTTP_201_CREATED)
 def create_category(spec: CategoryCreate, session: SessionDep, token: Operator) -> CategoryPublic:
+    _admin_only_fields(spec, token)
     return svc.to_public(svc.create(session, spec, actor(token)))
 
 
@@ -31,6 +35,7 @@ def get_category(name: Name, session: SessionDep, _t: Viewer) -> CategoryPublic:
 
 @router.patch("/{name}", response_model=CategoryPublic)
 def update_category(name: Name, spec: CategoryUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
+    _admin_only_fields(spec, token)
     return svc.to_public(svc.update_category(session, name, spec, actor(token)))
 
 
@@ -38,3 +43,16 @@ def update_category(name: Name, spec: CategoryUpdate, session: SessionDep, token
 def delete_category(name: Name, session: SessionDep, token: Operator) -> dict[str, Any]:
     svc.delete(session, name, actor(token))
     return {"deleted": name}
+
+
+# where a node's SSH host key comes from decides what bcm trusts at boot: an admin's choice, as BMC http is
+ADMIN_ONLY = ("host_key_source",)
+
+
+def _admin_only_fields(spec: CategoryCreate | CategoryUpdate, token: ApiToken) -> None:
+    for field in ADMIN_ONLY:
+        if field in spec.model_fields_set:
+            try:
+                auth.require_role(token, Role.ADMIN)
+            except Forbidden:
+                raise Forbidden(f"{field}: only an admin may set it", field=field) from None
