@@ -9,7 +9,7 @@ header: dependencies, queries, rendering) p50/p99, the client's wall time p99 an
 what a first load transfers (the page and every asset it names, as a browser with an empty cache fetches them).
 
 Goals (printed, never asserted): a 100-row Nodes page and the Overview p99 < 150 ms; a first load < 300 KB.
-Usage: .venv/bin/python bench/ui.py [--nodes 10000] [--gpus 8] [--requests 100] [--history 300]
+Usage: .venv/bin/python bench/ui.py [--nodes 10000] [--gpus 8] [--requests 100] [--history 1000]
     [--database-url postgresql+psycopg://bcm@db/bcm_bench]
 """
 
@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--history", type=int, default=300)
+    parser.add_argument("--history", type=int, default=1000)
     parser.add_argument("--database-url", default="", help="an empty database (default: SQLite in a temp dir)")
     args = parser.parse_args()
     run("PostgreSQL" if args.database_url.startswith("postgresql") else "SQLite", args.database_url, args)

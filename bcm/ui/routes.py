@@ -20,7 +20,7 @@ from bcm.domain.health import Verdict
 from bcm.domain.naming import expand_hostlist
 from bcm.domain.power import PowerAction
 from bcm.domain.states import State
-from bcm.errors import BcmError, InvalidInput, NotFound, Unauthorized
+from bcm.errors import BcmError, InvalidInput, Unauthorized
 from bcm.models.auth import Role
 from bcm.models.health import GpuHealth
 from bcm.models.node import Node
@@ -222,7 +222,7 @@ def node_page(request: Request, name: str, me: Me, session: SessionDep) -> Respo
     for g in gpus:
         try:
             history = health_queries.gpu_history(session, g.uuid, node=name, limit=keep).samples
-        except (NotFound, BcmError):
+        except BcmError:  # a GPU no report covered yet (NotFound), or a UUID two nodes reported
             history = []
         gpu_charts[g.uuid], samples[g.uuid] = charts.gpu_charts(history), len(history)
     nh = {r.name: r for r in health_queries.list_nodes(session, request.app.state.settings.health,

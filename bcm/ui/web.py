@@ -149,7 +149,7 @@ class UiRoute(APIRoute):
             except RequestValidationError as exc:
                 return error_page(request, 400, _validation_message(exc))
             except BcmError as exc:
-                response = error_page(request, exc.status_code if exc.status_code < 500 else 502, exc.message)
+                response = error_page(request, exc.status_code, exc.message)
                 response.headers.update(exc.headers())
                 return response
 
@@ -164,9 +164,7 @@ def current_user(request: Request, session: SessionDep) -> UiUser:
         raise SignInNeeded
     token = session.get(ApiToken, ref.token_id)
     if token is None or token.revoked_at is not None or Role(token.role).rank < Role.VIEWER.rank:
-        raise SignInNeeded
-    if Role(token.role) is Role.NODE:
-        raise SignInNeeded
+        raise SignInNeeded  # gone, revoked, or a node's or a tenancy user's token: never a dashboard session
     user = UiUser(token, ref, sessions.csrf_token(state_dir, ref.nonce))
     request.state.ui_user = user
     return user
