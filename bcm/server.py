@@ -86,4 +86,7 @@ def serve(settings: Settings) -> None:
         forwarded_allow_ips=trusted,
         # a request line may carry a long hostlist (8192 characters, percent-encoded up to 3 bytes each)
         h11_max_incomplete_event_size=64 * 1024,
+        # SIGTERM: requests still running after this long are cancelled, so a stuck one (a body that never
+        # ends, a stream) cannot hold the shutdown for ever; the lifespan's own steps are bounded too (#27)
+        timeout_graceful_shutdown=max(1, round(settings.http.graceful_shutdown_s)),
     )

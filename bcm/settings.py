@@ -63,6 +63,8 @@ class HttpSettings(BaseModel):
     # comma-separated addresses/networks (or "*") whose X-Forwarded-For / -Proto are believed; none by
     # default, so the client address (logs, the brake, hello's node address) is the TCP peer's
     trusted_proxies: str = Field(default="", max_length=4096, pattern=r"^[0-9A-Fa-f.:/*, ]*$")
+    # on SIGTERM, requests still in flight after this long are cancelled (the shutdown itself is bounded too)
+    graceful_shutdown_s: float = Field(default=10.0, gt=0, le=3600)
 
     @property
     def proxies(self) -> list[str]:
@@ -161,6 +163,12 @@ class AuditSettings(BaseModel):
     prune_interval_s: float = Field(default=60.0, gt=0, le=86_400)
 
 
+class WlmSettings(BaseModel):
+    """Workload managers: how often their node states are copied into the database."""
+
+    sync_interval_s: float = Field(default=30.0, gt=0, le=86_400)
+
+
 class Settings(BaseSettings):
     """Everything configurable about the head-node server and the CLI."""
 
@@ -179,6 +187,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     images: ImagesSettings = ImagesSettings()
     audit: AuditSettings = AuditSettings()
+    wlm: WlmSettings = WlmSettings()
 
     @field_validator("log_level")
     @classmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,20 +13,21 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from bcm import __version__, db_errors
 from bcm.api import metrics, responses
 from bcm.api.boot import agent as boot_agent
-from bcm.api.deps import Viewer
+from bcm.api.deps import Viewer, commit_before_serialization
 from bcm.api.limits import AuthFailures, BodyLimits
+from bcm.api.readiness import Readiness
 from bcm.api.responses import ERRORS
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tenancy, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
 from bcm.workers import audit as audit_worker
+from bcm.workers.supervise import cancel, stop_all, supervise
 
 log = logging.getLogger("bcm.api")
 
@@ -75,6 +75,10 @@ async def _database_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=err.status_code, content=err.to_dict(), headers=headers)
 
 
+async def _nothing() -> None:
+    return None
+
+
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,6 +88,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         from bcm.workers.ingest import IngestQueue
         from bcm.workers.runner import Runner
 
+        app.state.readiness = Readiness(engine, settings.db)
         app.state.runner = Runner(engine, settings)
         await app.state.runner.start()
         app.state.health = HealthWorker(engine, settings)
@@ -97,7 +102,11 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.provisioner = provision.Provisioner(engine, settings, app.state.runner, app.state.dhcp)
         app.state.runner.provisioner = app.state.provisioner
         app.state.provisioner.start()
-        wlm_sync = asyncio.create_task(wlm_worker.loop(engine, settings), name="bcm-wlm-sync")
+        wlm_sync = asyncio.create_task(
+            supervise("workload-manager sync", lambda: wlm_worker.sync_all(engine, settings),
+                      settings.wlm.sync_interval_s, logger=wlm_worker.log),
+            name="bcm-wlm-sync",
+        )  # fmt: skip
         from bcm.workers import power as power_worker
 
         power_poll = asyncio.create_task(power_worker.poll_loop(engine, settings), name="bcm-power-poll")
@@ -105,21 +114,21 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         try:
             yield
         finally:
-            audit_prune.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await audit_prune
-            await app.state.ingest.stop()  # the reports already taken are written, new ones get a 503
-            power_poll.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await power_poll
-            wlm_sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await wlm_sync
-            await app.state.health.stop()
-            await app.state.provisioner.stop()
-            if app.state.dhcp is not None:
-                await app.state.dhcp.stop()
-            await app.state.runner.shutdown()
+            # every step runs, each bounded, whatever the one before raised (#27)
+            dhcp = app.state.dhcp
+            await stop_all(
+                [
+                    ("audit pruning", lambda: cancel(audit_prune)),
+                    ("health ingest", app.state.ingest.stop),  # taken reports are written, new ones get a 503
+                    ("power poll", lambda: cancel(power_poll)),
+                    ("workload-manager sync", lambda: cancel(wlm_sync)),
+                    ("health worker", app.state.health.stop),
+                    ("provisioner", app.state.provisioner.stop),
+                    ("dnsmasq", dhcp.stop if dhcp is not None else _nothing),
+                    ("operations", app.state.runner.shutdown),
+                    ("readiness probe", app.state.readiness.close),
+                ]
+            )
 
     app = FastAPI(
         title="bcm",
@@ -147,20 +156,19 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app.add_exception_handler(OSError, _database_error)  # ENOSPC: 507; anything else a JSON 500
 
     @app.get("/healthz", tags=["meta"])
-    def healthz() -> dict[str, str]:
-        """Liveness: the process answers (the database is not asked)."""
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers (on the event loop: no worker thread, no database, no lock)."""
         return {"status": "ok", "version": __version__}
 
     @app.get("/readyz", tags=["meta"])
-    def readyz() -> JSONResponse:
-        """Readiness: the database answers; 503 with Retry-After while it does not."""
-        try:
-            with engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-        except Exception as exc:
-            err = db_errors.translate(exc)
-            ready_err = err if isinstance(err, Unavailable) else db_errors.unavailable("database not ready")
-            log.warning("not ready: %s (%s)", ready_err.message, type(exc).__name__)
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: the database answers; 503 with Retry-After while it does not (a probe of its own,
+        never a request worker thread or the write turn: :class:`bcm.api.readiness.Readiness`)."""
+        readiness: Readiness | None = getattr(request.app.state, "readiness", None)
+        if readiness is None:  # before the lifespan started (a bare TestClient)
+            readiness = request.app.state.readiness = Readiness(engine, settings.db)
+        ready_err = await readiness.check()
+        if ready_err is not None:
             headers = {"Retry-After": str(ready_err.retry_after)}
             return JSONResponse(status_code=503, content=ready_err.to_dict(), headers=headers)
         return JSONResponse({"status": "ready", "version": __version__})
@@ -196,4 +204,5 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     from bcm import ui
 
     ui.install(app)  # the dashboard at /ui/ (session cookie, not a token; its own security headers)
+    commit_before_serialization(app.routes)  # last: every route is in place
     return app

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import Depends, Request
+from fastapi.routing import APIRoute
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -33,7 +35,8 @@ def get_settings_dep(request: Request) -> Settings:
 async def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> AsyncIterator[Session]:
     """The request is the transaction: commit when the handler returns, roll back on any error.
 
-    On SQLite the commit runs right here: it is short (WAL), and a hop to a worker thread would keep
+    A plain (``def``) handler commits in its own worker thread as it returns, before its answer is
+    serialized (:func:`commit_before_serialization`); what is left here is then nothing to flush. On SQLite the commit runs right here: it is short (WAL), and a hop to a worker thread would keep
     the database's single write turn held while the hop queues behind other requests. Elsewhere it
     runs in a thread of its own, outside the worker-thread limit, so it never waits for a worker that
     waits for a connection.
@@ -61,6 +64,42 @@ async def get_session(engine: Annotated[Engine, Depends(get_engine)]) -> AsyncIt
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+_COMMITTING: set[Callable[..., Any]] = set()  # handlers already wrapped
+
+
+def _committing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    def commit_on_return(**values: Any) -> Any:
+        result = endpoint(**values)
+        for value in values.values():
+            if isinstance(value, Session) and value.in_transaction():
+                value.commit()
+        return result
+
+    commit_on_return.__name__ = getattr(endpoint, "__name__", "endpoint")
+    commit_on_return.__doc__ = endpoint.__doc__
+    _COMMITTING.add(commit_on_return)
+    return commit_on_return
+
+
+def commit_before_serialization(routes: Iterable[Any]) -> None:
+    """Every plain (``def``) handler that takes a session commits it in its own thread as it returns.
+
+    FastAPI ends a dependency only after the answer is serialized, and for a ``def`` handler that
+    serialization waits for another worker thread: a handler that wrote would keep SQLite's write turn
+    (``bcm.db``) across that wait, while the threads it waits for wait for the turn (#27). Committing
+    first gives the turn back before the answer is built, in the thread that took it.
+    """
+    for route in routes:
+        if not isinstance(route, APIRoute) or route.dependant.call is None:
+            continue
+        call = route.dependant.call
+        if inspect.iscoroutinefunction(call) or call in _COMMITTING:
+            continue
+        if inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call):
+            continue
+        route.dependant.call = _committing(call)
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 

@@ -25,6 +25,7 @@ from bcm.models.base import utcnow
 from bcm.models.event import Event
 from bcm.services import events
 from bcm.settings import AuditSettings, Settings
+from bcm.workers.supervise import supervise
 
 log = logging.getLogger("bcm.audit")
 
@@ -92,15 +93,12 @@ def run_once(engine: Engine, settings: Settings) -> Pruned:
 async def loop(
     engine: Engine, settings: Settings, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> None:
-    """Run :func:`run_once` every ``audit.prune_interval_s``; a failure is logged and retried after a
-    doubling delay (at most an hour). Cancel to stop: a pass under way finishes first (it is in a thread)."""
+    """Run :func:`run_once` every ``audit.prune_interval_s``, supervised: a failure is logged once per
+    streak and retried after a doubling delay (at most an hour). Cancel to stop: a pass under way finishes
+    first (it is in a thread)."""
+
+    async def one_pass() -> None:
+        await anyio.to_thread.run_sync(run_once, engine, settings)
+
     interval = settings.audit.prune_interval_s
-    delay = interval
-    while True:
-        try:
-            await anyio.to_thread.run_sync(run_once, engine, settings)
-            delay = interval
-        except Exception as exc:  # never the exception text: a statement's parameters could be in it
-            delay = min(max(delay, interval) * 2, max(MAX_BACKOFF_S, interval))
-            log.error("audit pruning failed (%s); retrying in %g s", type(exc).__name__, delay)
-        await sleep(delay)
+    await supervise("audit pruning", one_pass, interval, max_backoff_s=MAX_BACKOFF_S, logger=log, sleep=sleep)

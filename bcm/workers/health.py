@@ -10,7 +10,6 @@ node stale before the agents have had a chance to report again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import anyio
@@ -20,6 +19,7 @@ from bcm.db import session_scope
 from bcm.errors import BcmError
 from bcm.services import health as svc
 from bcm.settings import Settings
+from bcm.workers.supervise import cancel, supervise
 
 log = logging.getLogger("bcm.health")
 
@@ -99,51 +99,42 @@ def sweep_once(engine: Engine, settings: Settings) -> list[str]:
 
 
 class HealthWorker:
-    """The periodic loop; ``start()`` in the server's lifespan, ``await stop()`` on shutdown."""
+    """The periodic loop, supervised; ``start()`` in the server's lifespan, ``await stop()`` on shutdown."""
 
     def __init__(self, engine: Engine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._sweep_from: float | None = None
 
     def start(self) -> None:
         if self.task is None:
-            self.task = asyncio.create_task(self.run(), name="bcm-health")
+            passes = supervise("health drains and staleness", self.one_pass, self.settings.health.interval_s,
+                               wake=self._wake, logger=log)  # fmt: skip
+            self.task = asyncio.create_task(passes, name="bcm-health")
 
     def kick(self) -> None:
         """Run a pass now (a decision was just recorded)."""
         self._wake.set()
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-            self.task = None
+        await cancel(self.task)
+        self.task = None
 
-    async def run(self, passes: int | None = None) -> None:
-        """Loop until cancelled (or for ``passes`` passes, for tests)."""
+    async def one_pass(self) -> None:
+        """Carry out pending drains/resumes; mark silent nodes stale once the first agents had their chance."""
         health = self.settings.health
-        loop = asyncio.get_running_loop()
-        sweep_from = loop.time() + health.interval_s * health.stale_intervals
-        done = 0
-        while passes is None or done < passes:
-            try:
-                await apply_pending(self.engine, self.settings)
-                if loop.time() >= sweep_from:
-                    stale = await anyio.to_thread.run_sync(sweep_once, self.engine, self.settings)
-                    if stale:
-                        log.warning(
-                            "%d node(s) stopped reporting GPU health: %s", len(stale), ", ".join(stale[:10])
-                        )
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the database may be briefly away; try again next interval
-                log.exception("health sweep failed")
-            done += 1
-            if passes is not None and done >= passes:
-                break
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=health.interval_s)
+        now = asyncio.get_running_loop().time()
+        if self._sweep_from is None:
+            self._sweep_from = now + health.interval_s * health.stale_intervals
+        await apply_pending(self.engine, self.settings)
+        if now >= self._sweep_from:
+            stale = await anyio.to_thread.run_sync(sweep_once, self.engine, self.settings)
+            if stale:
+                log.warning("%d node(s) stopped reporting GPU health: %s", len(stale), ", ".join(stale[:10]))
+
+    async def run(self, passes: int) -> None:
+        """``passes`` passes one after the other (tests; the server supervises them: :meth:`start`)."""
+        for _ in range(passes):
+            await self.one_pass()

@@ -16,7 +16,7 @@ import anyio
 
 from bcm.db import session_scope
 from bcm.domain import image_recipe
-from bcm.drivers import sync
+from bcm.drivers import offload, sync
 from bcm.errors import FatalDriverError
 from bcm.services import image_push as svc
 from bcm.services import operations as op_svc
@@ -126,7 +126,7 @@ async def _push(
 ) -> None:
     settings = runner.settings
     engine = runner.engine
-    tree = await anyio.to_thread.run_sync(_tree, source, settings)
+    tree = await offload.run("image", _tree, source, settings)  # not a request thread
 
     def record(result: sync.PushResult) -> None:
         entry = result.as_dict()

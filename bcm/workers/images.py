@@ -18,7 +18,7 @@ import anyio
 
 from bcm.db import session_scope
 from bcm.domain import image_recipe
-from bcm.drivers import imagebuild
+from bcm.drivers import imagebuild, offload
 from bcm.errors import BcmError
 from bcm.models.image import ImageState
 from bcm.services import images as svc
@@ -145,7 +145,7 @@ async def build_job(runner: Runner, op_id: int, image_id: int, chain: list[image
     task = asyncio.create_task(flusher())
     try:
         try:
-            result = await anyio.to_thread.run_sync(run_build, abandon_on_cancel=True)
+            result = await offload.run("image", run_build, abandon_on_cancel=True)  # not a request thread
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -33,8 +33,11 @@ waited) is written again report by report, so one bad report does not sink the o
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -92,6 +95,7 @@ class IngestQueue:
         self._writing: set[asyncio.Task[None]] = set()
         self._busy_tokens: set[str] = set()  # tokens whose report a batch being written holds
         self._pool: ProcessPoolExecutor | None = None
+        self._thread: anyio.CapacityLimiter | None = None
         self._closed = False
         self.batches = 0  # flushed batches, for /metrics and the bench
         self.reports = 0
@@ -182,7 +186,11 @@ class IngestQueue:
             if self.processes > 0:
                 results = await self._in_process(pairs)
             else:
-                results = await anyio.to_thread.run_sync(write_batch, self.engine, self.settings, pairs)
+                if self._thread is None:  # its own thread: never a request worker's (#27)
+                    self._thread = anyio.CapacityLimiter(1)
+                results = await anyio.to_thread.run_sync(
+                    write_batch, self.engine, self.settings, pairs, limiter=self._thread
+                )
         except Exception:  # write_batch answers every report itself; this is the hand-over failing
             log.exception("health ingest of %d reports could not be handed to a writer", len(batch))
             results = [Unavailable("health ingest failed; send the report again", retry_after=RETRY_AFTER_S)] * len(
@@ -206,7 +214,7 @@ class IngestQueue:
                 max_workers=self.processes,
                 mp_context=multiprocessing.get_context("spawn"),  # no fork of a threaded server
                 initializer=_writer_start,
-                initargs=(self.settings, self.engine.url.render_as_string(hide_password=False)),
+                initargs=(self.settings, self.engine.url.render_as_string(hide_password=False), os.getpid()),
             )
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, _writer_batch, pairs)
@@ -281,10 +289,30 @@ def _write_once(engine: Engine, settings: Settings, batch: list[tuple[str, Healt
 
 
 _writer: dict[str, Any] = {}  # in a writer process: its settings and engine
+PR_SET_PDEATHSIG = 1
 
 
-def _writer_start(settings: Settings, url: str) -> None:
-    """A writer process starts: the server's log level, and an engine on the server's own database."""
+def die_with(server_pid: int) -> None:
+    """Have the kernel send SIGKILL to this process when the server dies, even by kill -9 (which runs no
+    clean-up of the server's own): a writer left alive would hold its database sessions for ever (#27).
+
+    Linux's prctl(PR_SET_PDEATHSIG); the executor starts its processes from the event loop's thread, which
+    lives as long as the server. A server that died before this ran is noticed at once (another parent)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("health writer %d: prctl(PR_SET_PDEATHSIG) failed (errno %d)", os.getpid(), ctypes.get_errno())
+    except (OSError, AttributeError) as exc:  # not Linux
+        log.warning("health writer %d cannot follow its server's death: %s", os.getpid(), exc)
+    if os.getppid() != server_pid:
+        os._exit(1)
+
+
+def _writer_start(settings: Settings, url: str, server_pid: int | None = None) -> None:
+    """A writer process starts: it dies with the server, takes the server's log level, and an engine on
+    the server's own database."""
+    if server_pid is not None:
+        die_with(server_pid)
     from bcm import logs
     from bcm.db import make_engine
 

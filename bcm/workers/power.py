@@ -31,6 +31,7 @@ from bcm.services import operations as op_svc
 from bcm.services import power as svc
 from bcm.settings import Settings
 from bcm.workers.runner import Runner
+from bcm.workers.supervise import supervise
 
 log = logging.getLogger("bcm.power")
 FLUSH_EVERY_S = 0.5
@@ -217,15 +218,9 @@ async def poll_once(engine: Engine, settings: Settings) -> int:
 
 
 async def poll_loop(engine: Engine, settings: Settings) -> None:
-    """Read power states every ``settings.power.poll_interval_s`` (0: never)."""
+    """Read power states every ``settings.power.poll_interval_s`` (0: never), supervised."""
     interval = settings.power.poll_interval_s
     if interval <= 0:
         return
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await poll_once(engine, settings)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the loop outlives a bad round (database hiccup, a bug for one node)
-            log.exception("power state poll failed")
+    await supervise("power state poll", lambda: poll_once(engine, settings), interval, first_delay_s=interval,
+                    logger=log)  # fmt: skip

@@ -12,7 +12,6 @@ resumes waiting, and fails at once what timed out while it was down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -30,6 +29,7 @@ from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.services import pxe
 from bcm.settings import Settings
+from bcm.workers.supervise import cancel, supervise
 
 log = logging.getLogger("bcm.provision")
 TICK_S = 2.0
@@ -67,31 +67,15 @@ class Provisioner:
         self.tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="bcm-provisioner")
+        rounds = supervise("provisioning round", self.tick, TICK_S, wake=self._wake, logger=log)
+        self._task = asyncio.create_task(rounds, name="bcm-provisioner")
 
     def wake(self) -> None:
         self._wake.set()
 
     async def stop(self) -> None:
         for task in [self._task, *self.tasks]:
-            if task is not None:
-                task.cancel()
-        for task in [self._task, *self.tasks]:
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the loop outlives a bad round (database away for a while …)
-                log.exception("provisioning round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
-            self._wake.clear()
+            await cancel(task)
 
     async def tick(self) -> list[str]:
         """One round; returns the nodes it started."""

@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from bcm.db import session_scope
 from bcm.domain.naming import fold_hostlist
-from bcm.drivers import wlm
+from bcm.drivers import offload, wlm
 from bcm.drivers.ssh import SshClient, Target
 from bcm.errors import BcmError, Conflict, DriverError
 from bcm.models.operation import Operation
@@ -117,7 +117,7 @@ async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) ->
         username=settings.ssh.username,
         connect_timeout_s=settings.ssh.connect_timeout_s,
     )
-    result = await anyio.to_thread.run_sync(manager.deploy, p, access, DEPLOY_TIMEOUT_S)
+    result = await offload.run("ansible", manager.deploy, p, access, DEPLOY_TIMEOUT_S)  # not a request thread
     per_host: dict[str, dict[str, Any]] = {}
     for name, recap in result.hosts.items():
         entry: dict[str, Any] = {"status": recap.status, "changed": recap.changed, "ok_tasks": recap.ok}
@@ -369,6 +369,23 @@ async def sync_cluster(engine: Engine, settings: Settings, name: str) -> dict[st
     return states
 
 
+def _deployed(engine: Engine) -> list[str]:
+    with session_scope(engine) as s:
+        return [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
+
+
+async def sync_all(engine: Engine, settings: Settings) -> None:
+    """One pass: sync each deployed cluster. One cluster's failure never stops the others; a database
+    failure ends the pass (the server's supervisor, :func:`bcm.workers.supervise.supervise`, retries it)."""
+    for name in await anyio.to_thread.run_sync(_deployed, engine):
+        try:
+            await sync_cluster(engine, settings, name)
+        except BcmError as exc:
+            log.warning("wlm sync of %s failed: %s", name, exc.message)
+        except Exception:
+            log.exception("wlm sync of %s failed", name)
+
+
 async def loop(
     engine: Engine,
     settings: Settings,
@@ -376,18 +393,7 @@ async def loop(
     *,
     stop: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Forever (until cancelled): every ``interval_s``, sync each deployed cluster; one failure never stops it."""
+    """Passes of :func:`sync_all` every ``interval_s`` until ``stop()`` (tests; the server supervises them)."""
     while not stop():
-
-        def deployed() -> list[str]:
-            with session_scope(engine) as s:
-                return [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
-
-        for name in await anyio.to_thread.run_sync(deployed):
-            try:
-                await sync_cluster(engine, settings, name)
-            except BcmError as exc:
-                log.warning("wlm sync of %s failed: %s", name, exc.message)
-            except Exception:
-                log.exception("wlm sync of %s failed", name)
+        await sync_all(engine, settings)
         await asyncio.sleep(interval_s)

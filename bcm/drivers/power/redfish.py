@@ -20,7 +20,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import anyio
 import requests
 import sushy
 import urllib3
@@ -29,6 +28,7 @@ from sushy import exceptions as sx
 from sushy.connector import Connector
 
 from bcm.domain.power import BmcTarget, BootDevice, PowerState
+from bcm.drivers import offload
 from bcm.drivers.power.base import (
     BmcAuthFailed,
     BmcBadAnswer,
@@ -164,7 +164,7 @@ class RedfishDriver:
                 self._seen = self._seen or pin.seen
 
         async def in_thread() -> T:
-            return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+            return await offload.run("bmc", run, abandon_on_cancel=True)  # never a request thread (#27)
 
         return await bounded(self.target, self.limits, what, in_thread)
 

@@ -34,7 +34,7 @@ import anyio
 import yaml
 
 from bcm.domain import kubernetes as k8s
-from bcm.drivers import ansible
+from bcm.drivers import ansible, offload
 from bcm.drivers.ansible import AnsibleHost, PlaybookResult
 from bcm.drivers.ssh import SshClient, Target
 from bcm.drivers.wlm import k8s_pki as pki
@@ -608,7 +608,7 @@ class Kubernetes:
                 api.close()
 
         with anyio.fail_after(timeout_s + 10):
-            return await anyio.to_thread.run_sync(run)
+            return await offload.run("kubernetes", run)  # never a request thread (#27)
 
     async def node_states(
         self, ssh: SshClient, controller: Target, timeout_s: float = 30
