@@ -169,6 +169,15 @@ class WlmSettings(BaseModel):
     sync_interval_s: float = Field(default=30.0, gt=0, le=86_400)
 
 
+class HaSettings(BaseModel):
+    """Several servers on one PostgreSQL database: the leader lease (dnsmasq, the provisioning queue, WLM
+    sync and drains, power polling and pruning run on the leader only)."""
+
+    lease_s: float = Field(default=10.0, ge=0.5, le=600)  # a leader that cannot renew for this long is replaced
+    # where this server's API answers, as shown by `bcm ha status` (default: its host name and port)
+    address: str | None = Field(default=None, max_length=256)
+
+
 class Settings(BaseSettings):
     """Everything configurable about the head-node server and the CLI."""
 
@@ -187,6 +196,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     images: ImagesSettings = ImagesSettings()
     audit: AuditSettings = AuditSettings()
+    ha: HaSettings = HaSettings()
     wlm: WlmSettings = WlmSettings()
 
     @field_validator("log_level")

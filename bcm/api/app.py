@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +25,6 @@ from bcm.api.responses import ERRORS
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tenancy, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
-from bcm.workers import audit as audit_worker
 from bcm.workers.supervise import cancel, stop_all, supervise
 
 log = logging.getLogger("bcm.api")
@@ -75,15 +73,10 @@ async def _database_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=err.status_code, content=err.to_dict(), headers=headers)
 
 
-async def _nothing() -> None:
-    return None
-
-
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         import bcm.services.inventory  # noqa: F401  (registers the inventory job)
-        from bcm.workers import wlm as wlm_worker
         from bcm.workers.health import HealthWorker
         from bcm.workers.ingest import IngestQueue
         from bcm.workers.runner import Runner
@@ -92,39 +85,28 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.runner = Runner(engine, settings)
         await app.state.runner.start()
         app.state.health = HealthWorker(engine, settings)
-        app.state.health.start()
         app.state.ingest = IngestQueue(engine, settings)
         from bcm.workers import provision
 
         await anyio.to_thread.run_sync(provision.load_config, engine, settings)
         app.state.dhcp = None
-        await provision.reconfigure(app)
-        app.state.provisioner = provision.Provisioner(engine, settings, app.state.runner, app.state.dhcp)
+        app.state.provisioner = provision.Provisioner(engine, settings, app.state.runner, None)
         app.state.runner.provisioner = app.state.provisioner
-        app.state.provisioner.start()
-        wlm_sync = asyncio.create_task(
-            supervise("workload-manager sync", lambda: wlm_worker.sync_all(engine, settings),
-                      settings.wlm.sync_interval_s, logger=wlm_worker.log),
-            name="bcm-wlm-sync",
-        )  # fmt: skip
-        from bcm.workers import power as power_worker
+        from bcm.workers.leader import Leadership
 
-        power_poll = asyncio.create_task(power_worker.poll_loop(engine, settings), name="bcm-power-poll")
-        audit_prune = asyncio.create_task(audit_worker.loop(engine, settings), name="bcm-audit-prune")
+        # the leader runs dnsmasq, the provisioning queue, health drains, WLM sync, the power poll and
+        # pruning (a lone server leads from its first request on); every server the API, boot files, ingest
+        app.state.ha = Leadership(app)
+        await app.state.ha.start()
         try:
             yield
         finally:
             # every step runs, each bounded, whatever the one before raised (#27)
-            dhcp = app.state.dhcp
             await stop_all(
                 [
-                    ("audit pruning", lambda: cancel(audit_prune)),
+                    ("leader work", app.state.ha.stop),  # dnsmasq, provisioning, health, WLM sync, polls; the lease
                     ("health ingest", app.state.ingest.stop),  # taken reports are written, new ones get a 503
-                    ("power poll", lambda: cancel(power_poll)),
-                    ("workload-manager sync", lambda: cancel(wlm_sync)),
-                    ("health worker", app.state.health.stop),
                     ("provisioner", app.state.provisioner.stop),
-                    ("dnsmasq", dhcp.stop if dhcp is not None else _nothing),
                     ("operations", app.state.runner.shutdown),
                     ("readiness probe", app.state.readiness.close),
                 ]

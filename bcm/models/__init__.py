@@ -4,6 +4,7 @@ from bcm.models.auth import ApiToken, Role, User
 from bcm.models.category import Category
 from bcm.models.event import Event
 from bcm.models.gpu import Gpu
+from bcm.models.ha import Leader, Server
 from bcm.models.health import GpuHealth, HealthEvent, HealthRecord, NodeHealth
 from bcm.models.image import Image, ImageArtifact
 from bcm.models.node import Interface, Node
@@ -26,6 +27,7 @@ __all__ = [
     "Image",
     "ImageArtifact",
     "Interface",
+    "Leader",
     "Node",
     "NodeHealth",
     "OpState",
@@ -34,6 +36,7 @@ __all__ = [
     "Project",
     "ProjectMember",
     "Role",
+    "Server",
     "User",
     "WlmCluster",
 ]

@@ -163,7 +163,10 @@ async def reconfigure(app: Any) -> None:
     old = getattr(app.state, "dhcp", None)
     if old is not None:
         await old.stop()
-    app.state.dhcp = make_dhcp(engine, settings) if settings.pxe.enabled else None
+    from bcm.workers import leader
+
+    # dnsmasq runs on the leader only (bcm.workers.leader): another server stores the settings, no more
+    app.state.dhcp = make_dhcp(engine, settings) if settings.pxe.enabled and leader.leading(app) else None
     if app.state.dhcp is not None:
         await app.state.dhcp.start(pxe.server_url(settings) + "/boot/v1/ipxe/boot.ipxe")
     if getattr(app.state, "provisioner", None) is not None:
