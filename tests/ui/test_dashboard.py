@@ -292,3 +292,63 @@ def test_a_gpu_temperature_chart_after_agent_reports(browser: Any, site: Site) -
         assert page.locator(f"#gpu-0 .chart-{kind}").count() == 1
     assert page.locator("#gpus tbody tr").first.locator("td").nth(4).text_content() == "49 °C"
     shoot(page, "node-gpu-charts")
+
+
+HOSTILE = '<script>window.__pwned = 3</script><img src=x onerror="window.__pwned = 4">'
+
+
+def test_a_discovered_machine_shows_its_facts_as_text_and_is_assigned_from_the_pxe_page(
+    browser: Any, site: Site
+) -> None:
+    import hashlib
+
+    from sqlmodel import Session
+
+    from bcm.db import make_engine
+    from bcm.drivers import imagebuild
+    from bcm.services import images as image_svc
+    from bcm.settings import Settings
+
+    # a discovery image, published through the images service into the server's database
+    settings = Settings(state_dir=site.server.state_dir)
+    engine = make_engine(settings.effective_database_url)
+    try:
+        with Session(engine) as s:
+            image = image_svc.begin_build(s, "img", None, "test")
+            staging = image_svc.staging_dir(settings.images_dir, "img", image.version, 1)
+            staging.mkdir(parents=True)
+            found = []
+            for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+                data = f"{kind} of img".encode()
+                (staging / filename).write_bytes(data)
+                found.append(imagebuild.Artifact(kind, filename, len(data), hashlib.sha256(data).hexdigest()))
+            image_svc.publish(s, image, staging, settings.images_dir, found, {}, 3)
+            s.commit()
+    finally:
+        engine.dispose()
+    mac = "52:54:00:aa:00:28"
+    with httpx.Client(base_url=site.url, timeout=30) as machine:  # the machine itself: no token
+        assert machine.get(f"/boot/v1/ipxe/{mac.replace(':', '-')}").headers["x-bcm-purpose"] == "discovery"
+        facts = {
+            "format_version": 1, "hostname": HOSTILE, "cpu": {"model": HOSTILE, "threads": 4},
+            "memory_bytes": 1 << 30, "dmi": {"product_name": HOSTILE},
+            "nics": [{"name": "ens3", "mac": mac, "state": "up", "physical": True}],
+        }  # fmt: skip
+        r = machine.post("/boot/v1/discover", json={"mac": mac, "facts": facts})
+        assert r.status_code in (200, 202), r.text
+    page = sign_in(browser, site, site.token("ui-pxe", "operator"), start="/ui/pxe")
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    row = page.locator("#pxe tbody tr").first
+    assert HOSTILE in (row.text_content() or "")  # the facts, as text
+    assert page.locator("img[src=x]").count() == 0 and page.evaluate("window.__pwned") is None
+    shoot(page, "pxe-discovered")
+    row.locator("input[name=name]").fill("gpu28")
+    row.locator("select[name=image]").select_option("img")
+    row.locator("button[type=submit]").click()
+    page.wait_for_url(re.compile("/ui/nodes/gpu28$"))
+    assert (page.locator("#node-state").text_content() or "").strip() == "registered"
+    assert page.locator("#fact-hostname").text_content() == HOSTILE  # a hostname fact, as text
+    assert page.locator("img[src=x]").count() == 0 and page.evaluate("window.__pwned") is None and dialogs == []
+    assert [e["target"] for e in events(site, "node.assign")] == ["gpu28"]
+    shoot(page, "pxe-assigned-node")
