@@ -25,7 +25,7 @@ from bcm.api.responses import ERRORS
 from bcm.api.v1 import agents, categories, events, health, nodes, operations, ssh, tenancy, tokens, wlm
 from bcm.errors import BcmError, Unavailable
 from bcm.settings import Settings
-from bcm.workers.supervise import cancel, stop_all, supervise
+from bcm.workers.supervise import stop_all
 
 log = logging.getLogger("bcm.api")
 

@@ -31,7 +31,6 @@ import fcntl
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -49,6 +48,7 @@ from bcm.models.base import utcnow
 from bcm.models.ha import LEASE_ROW, Leader, Server
 from bcm.settings import Settings
 from bcm.workers.identity import server_id
+from bcm.workers.supervise import supervise
 
 log = logging.getLogger("bcm.ha")
 
@@ -321,13 +321,14 @@ class Leadership:
         await provision.reconfigure(app)  # dnsmasq, when PXE is enabled
         app.state.provisioner.start()
         app.state.health.start()
-        loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("workload-manager sync", lambda: wlm_worker.loop(engine, settings)),
-            ("power state poll", lambda: power.poll_loop(engine, settings)),
-            ("audit pruning", lambda: audit.loop(engine, settings)),
-        ]
-        for name, run in loops:
-            self.work.append(asyncio.create_task(_kept(name, run), name=f"bcm-leader-{name}"))
+        wlm_sync = supervise("workload-manager sync", lambda: wlm_worker.sync_all(engine, settings),
+                             settings.wlm.sync_interval_s, logger=wlm_worker.log)  # fmt: skip
+        for name, coro in (
+            ("bcm-wlm-sync", wlm_sync),
+            ("bcm-power-poll", power.poll_loop(engine, settings)),  # supervised inside, as is pruning
+            ("bcm-audit-prune", audit.loop(engine, settings)),
+        ):
+            self.work.append(asyncio.create_task(coro, name=name))
 
     async def _step_down(self, why: str) -> None:
         if not self.leading:
@@ -378,23 +379,6 @@ class Leadership:
             "lease_s": self.lease_s,
             "refused_writes": refused_writes(),
         }
-
-
-async def _kept(name: str, run: Callable[[], Awaitable[None]]) -> None:
-    """Run a leader loop until cancelled; one that ends by an error is logged once and started again."""
-    delay, failures = 1.0, 0
-    while True:
-        try:
-            await run()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failures += 1
-            if failures == 1:
-                log.error("%s ended by an error (%s); started again while it fails", name, type(exc).__name__)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 300.0)
 
 
 def leading(app: Any) -> bool:
