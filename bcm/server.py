@@ -58,6 +58,9 @@ def forwarding(settings: Settings) -> tuple[bool, list[str] | None]:
 
 def serve(settings: Settings) -> None:
     uvicorn_level = logs.configure(settings.log_level)
+    from bcm.workers.leader import claim_sqlite
+
+    claim_sqlite(settings)  # one server per SQLite file: a second one stops here, with one line
     engine, token_file = prepare(settings)
     if token_file:
         log.warning("created the first admin token; it is in %s (mode 0600)", token_file)

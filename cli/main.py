@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli import agent, category, health, image, lab, node, op, power, pxe, tenancy, token, user, wlm
+from cli import agent, category, ha, health, image, lab, node, op, power, pxe, tenancy, token, user, wlm
 from cli.client import CliError
 from cli.common import TokenOpt, UrlOpt, configure
 from cli.render import err
@@ -25,6 +25,7 @@ app.add_typer(token.app, name="token")
 app.add_typer(user.app, name="user")
 app.add_typer(lab.app, name="lab")
 app.add_typer(health.app, name="health")
+app.add_typer(ha.app, name="ha")
 app.add_typer(agent.app, name="agent")
 app.add_typer(wlm.app, name="wlm")
 app.add_typer(power.app, name="power")

@@ -175,6 +175,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images, discovered, pxe):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
+    from bcm.api.v1 import ha
+
+    app.include_router(ha.router, prefix="/api/v1", responses=ERRORS)
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
     for tenancy_router in (tenancy.departments, tenancy.projects, tenancy.router):
         app.include_router(tenancy_router, prefix="/api/v1", responses=ERRORS)

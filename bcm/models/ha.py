@@ -34,3 +34,51 @@ class Leader(SQLModel, table=True):
     epoch: int = Field(default=0)
     acquired_at: datetime | None = Field(default=None, sa_column=ts_column())
     expires_at: datetime | None = Field(default=None, sa_column=ts_column())
+
+
+class ServerStatus(SQLModel):
+    """One server as ``GET /api/v1/ha`` shows it."""
+
+    id: str
+    address: str
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    alive: bool  # heard from within three leases
+    leader: bool
+    operations: int  # open operations it holds
+
+
+class LeaseStatus(SQLModel):
+    holder: str | None = None
+    epoch: int = 0
+    acquired_at: datetime | None = None
+    expires_at: datetime | None = None
+    address: str | None = None  # the holder's API address
+
+
+class HeldOperation(SQLModel):
+    id: int
+    kind: str
+    state: str
+    owner: str | None = None
+    lease_expires: datetime | None = None
+
+
+class ThisServer(SQLModel):
+    """The answering server's own view (its election loop)."""
+
+    id: str
+    address: str
+    leading: bool
+    epoch: int | None = None
+    lease_s: float
+    refused_writes: int = 0  # leader-work transactions refused by the fence in this process
+
+
+class HaStatus(SQLModel):
+    now: datetime
+    this_server: ThisServer | None = None
+    leader: LeaseStatus
+    servers: list[ServerStatus]
+    operations: list[HeldOperation]

@@ -1,0 +1,147 @@
+"""Several real `bcm serve` processes: one SQLite server per database file; on PostgreSQL exactly one
+leader, `GET /api/v1/ha` and `bcm ha status`, and kill -9 of the leader → the other leads with a higher
+epoch. Loopback only; every wait is bounded; no timing thresholds (bench/ha.py measures the times)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bcm.devserver import BCM, REPO, Server
+from tests.conftest import pg_schema
+
+LEASE_S = 1.5
+WAIT_S = 60.0  # bound on any wait below (many leases)
+
+
+def ha(server: Server, token: str) -> dict[str, Any]:
+    r = httpx.get(f"{server.url}/api/v1/ha", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+    """Poll ``check`` until it returns something true; bounded."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (httpx.HTTPError, AssertionError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Server, Server, str]]:
+    """Two servers on one PostgreSQL schema, a short lease; the token of the first serves both."""
+    with pg_schema() as url:
+        env = {"BCM_HA__LEASE_S": str(LEASE_S), "BCM_LOG_LEVEL": "info"}
+        a = Server(tmp_path / "a", database_url=url, extra_env=env)
+        b = Server(tmp_path / "b", database_url=url, extra_env=env)
+        a.start()
+        try:
+            b.start()
+            try:
+                yield a, b, a.token()
+            finally:
+                b.stop()
+        finally:
+            a.stop()
+            for s in (a, b):  # a SIGSTOPped process must not be left behind
+                if s.proc is not None and s.proc.poll() is None:
+                    s.proc.send_signal(signal.SIGCONT)
+                    s.proc.kill()
+                    s.proc.wait(10)
+
+
+def one_leader(a: Server, b: Server, token: str) -> tuple[Server, Server, dict[str, Any]]:
+    """Both servers alive and agreeing on one leader; returns (leader, follower, the leader's view)."""
+
+    def agreed() -> tuple[Server, Server, dict[str, Any]] | None:
+        va, vb = ha(a, token), ha(b, token)
+        if not va["leader"]["holder"] or va["leader"] != vb["leader"]:
+            return None
+        if len([s for s in va["servers"] if s["alive"]]) != 2:
+            return None
+        if va["this_server"]["leading"] == vb["this_server"]["leading"]:
+            return None  # exactly one of the two says it leads
+        return (a, b, va) if va["this_server"]["leading"] else (b, a, vb)
+
+    found: tuple[Server, Server, dict[str, Any]] = wait_for("one leader agreed by both", agreed)
+    lead, view = found[0], found[2]
+    assert view["leader"]["holder"] == view["this_server"]["id"]
+    assert view["leader"]["address"] and str(lead.port) in view["leader"]["address"]
+    return found
+
+
+def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
+    first = Server(tmp_path / "state")
+    first.start()
+    try:
+        second = Server(tmp_path / "state")  # same state dir, so the same bcm.db; another port
+        proc = subprocess.run([*BCM, "serve"], env=second.env(), cwd=REPO, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert proc.returncode == 1
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert lines[-1].startswith("error: another bcm serve (pid "), proc.stderr[-2000:]
+        assert "SQLite keeps one server" in lines[-1] and "Traceback" not in proc.stderr
+        assert httpx.get(f"{first.url}/readyz", timeout=10).status_code == 200  # the first one carries on
+        first.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        first.proc.wait(10)  # type: ignore[union-attr]
+        second.start()  # the kernel dropped the dead one's lock: a restart is not refused
+        second.stop()
+    finally:
+        first.stop()
+
+
+def test_one_leader_status_and_kill_9_takeover_with_a_higher_epoch(pair: tuple[Server, Server, str]) -> None:
+    a, b, token = pair
+    lead, follower, view = one_leader(a, b, token)
+    epoch = view["leader"]["epoch"]
+    assert epoch >= 1
+    ids = {s["id"] for s in view["servers"]}
+    assert len(ids) == 2 and all(s["version"] for s in view["servers"])
+
+    cli = follower.cli("ha", "status", "--json", BCM_TOKEN=token)
+    assert cli.returncode == 0, cli.stderr
+    import json
+
+    assert json.loads(cli.stdout)["leader"]["holder"] == view["leader"]["holder"]
+    table = follower.cli("ha", "status", BCM_TOKEN=token)
+    assert table.returncode == 0, table.stderr
+    assert f"epoch {epoch}" in table.stdout and view["leader"]["holder"] in table.stdout
+
+    viewer = httpx.post(f"{lead.url}/api/v1/tokens", json={"name": "ha-viewer", "role": "viewer"},
+                        headers={"Authorization": f"Bearer {token}"}, timeout=10)  # fmt: skip
+    assert viewer.status_code == 201, viewer.text
+    assert ha(follower, viewer.json()["token"])["leader"]["epoch"] == epoch  # a viewer may read it
+    assert httpx.get(f"{follower.url}/api/v1/ha", timeout=10).status_code == 401
+
+    old_holder = view["leader"]["holder"]
+    assert lead.proc is not None
+    os.kill(lead.proc.pid, signal.SIGKILL)
+    lead.proc.wait(10)
+
+    def taken_over() -> dict[str, Any] | None:
+        v = ha(follower, token)
+        return v if v["leader"]["holder"] == v["this_server"]["id"] and v["this_server"]["leading"] else None
+
+    after = wait_for("the survivor takes the lease", taken_over)
+    assert after["leader"]["holder"] != old_holder
+    assert after["leader"]["epoch"] > epoch
+    dead = next(s for s in after["servers"] if s["id"] == old_holder)
+    # the takeover came only after the dead leader's last heartbeat had gone silent (database clock)
+    assert after["leader"]["acquired_at"] > dead["heartbeat_at"]
