@@ -140,9 +140,9 @@ def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: P
         assert r.status_code == 201, r.text
         agents = []
         for node in r.json():
-            t = httpx.post(f"{srv.url}/api/v1/nodes/{node['name']}/token", headers=admin, timeout=30)
-            assert t.status_code == 201, t.text
-            agents.append(Agent(node["name"], t.json()["token"]))
+            issued = httpx.post(f"{srv.url}/api/v1/nodes/{node['name']}/token", headers=admin, timeout=30)
+            assert issued.status_code == 201, issued.text
+            agents.append(Agent(node["name"], issued.json()["token"]))
 
         switched = threading.Event()
         stop = threading.Event()
