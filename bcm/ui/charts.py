@@ -9,12 +9,46 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from html import escape
+from typing import Protocol
 
 from markupsafe import Markup
 
-from bcm.models.health import HealthSamplePublic
-
 WIDTH, HEIGHT = 640, 150
+MAX_POINTS = 320  # about two pixels a point: more readings than this are thinned, keeping each bucket's peak
+
+
+class Sample(Protocol):
+    """What a chart reads of one GPU reading (``HealthSamplePublic`` and ``queries.Reading`` have it)."""
+
+    @property
+    def time(self) -> datetime: ...
+    @property
+    def temperature_c(self) -> int | None: ...
+    @property
+    def power_draw_w(self) -> float | None: ...
+    @property
+    def ecc_sbe_volatile(self) -> int | None: ...
+    @property
+    def ecc_dbe_volatile(self) -> int | None: ...
+    @property
+    def xid(self) -> int | None: ...
+
+
+Series = Sequence[tuple[datetime, float | None]]
+
+
+def thin(points: Series, limit: int = MAX_POINTS) -> Series:
+    """At most ``limit`` points: the readings split into that many runs, each run's highest value kept (a
+    spike stays visible), a run with no value kept as a gap."""
+    if len(points) <= limit:
+        return points
+    out: list[tuple[datetime, float | None]] = []
+    step = len(points) / limit
+    for b in range(limit):
+        run = points[int(b * step) : int((b + 1) * step)]
+        values = [p for p in run if p[1] is not None]
+        out.append(max(values, key=lambda p: float(p[1] or 0)) if values else (run[0][0], None))
+    return out
 LEFT, RIGHT, TOP, BOTTOM = 48, 12, 12, 28
 
 
@@ -49,10 +83,9 @@ def _frame(title: str, lo: float, hi: float, t0: datetime, t1: datetime, unit: s
     ]
 
 
-def line_chart(
-    title: str, unit: str, series: Sequence[tuple[str, Sequence[tuple[datetime, float | None]]]]
-) -> Markup:
+def line_chart(title: str, unit: str, series: Sequence[tuple[str, Series]]) -> Markup:
     """One or more named series over time (oldest first); gaps where a value is missing."""
+    series = [(name, thin(s)) for name, s in series]
     points = [(t, v) for _name, s in series for t, v in s if v is not None]
     if not points:
         return Markup(f'<p class="muted">{escape(title)}: no readings yet</p>')  # noqa: S704 - escaped above
@@ -101,7 +134,7 @@ def event_chart(title: str, events: Sequence[tuple[datetime, int]], span: tuple[
     return Markup("".join(parts))  # noqa: S704
 
 
-def gpu_charts(samples: Sequence[HealthSamplePublic]) -> dict[str, Markup]:
+def gpu_charts(samples: Sequence[Sample]) -> dict[str, Markup]:
     """Temperature, power, ECC and XID charts of one GPU's samples (newest first, as the service gives)."""
     old_first = list(reversed(samples))
     span = (old_first[0].time, old_first[-1].time) if old_first else None

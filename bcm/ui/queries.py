@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, or_
 from sqlalchemy import select as sa_select
@@ -23,7 +24,7 @@ from bcm.domain.states import State
 from bcm.errors import InvalidInput
 from bcm.models.category import Category
 from bcm.models.gpu import Gpu
-from bcm.models.health import GpuHealth, NodeHealth
+from bcm.models.health import RECORD_FIELDS, GpuHealth, HealthRecord, NodeHealth
 from bcm.models.node import Node, NodePublic
 from bcm.models.operation import Operation, OpState
 from bcm.models.wlm import WlmCluster, WlmMember
@@ -205,3 +206,44 @@ def cluster_sizes(session: Session) -> dict[int, int]:
     """Member nodes per workload-manager cluster id (one grouped count, not the members' names)."""
     q = sa_select(col(WlmMember.cluster_id), func.count()).group_by(col(WlmMember.cluster_id))
     return {cid: int(n) for cid, n in session.execute(q)}
+
+
+class Reading(NamedTuple):
+    """One GPU's values in one report, as the charts draw them."""
+
+    time: datetime
+    temperature_c: int | None
+    power_draw_w: float | None
+    ecc_sbe_volatile: int | None
+    ecc_dbe_volatile: int | None
+    xid: int | None
+
+
+_AT = {name: i for i, name in enumerate(RECORD_FIELDS)}
+
+
+def node_readings(session: Session, node_id: int, limit: int) -> dict[str, list[Reading]]:
+    """Every GPU's readings in the node's last ``limit`` reports (the history kept), newest first, by UUID.
+
+    ``health_queries.gpu_history`` answers one GPU (the API's route): asked once per GPU it reads the
+    node's records eight times and validates every sample into a model, 0.3-0.6 s for eight GPUs with
+    1,000 reports kept; this reads them once, as plain tuples, for all the node's GPUs at once.
+    """
+    rows = session.execute(
+        sa_select(col(HealthRecord.time), col(HealthRecord.gpus))
+        .where(col(HealthRecord.node_id) == node_id)
+        .order_by(col(HealthRecord.id).desc())
+        .limit(limit)
+    )
+    at = _AT
+    width = len(RECORD_FIELDS)
+    out: dict[str, list[Reading]] = {}
+    for time, gpus in rows:
+        for g in gpus:
+            if len(g) < width:
+                g = list(g) + [None] * (width - len(g))
+            out.setdefault(str(g[at["uuid"]]), []).append(
+                Reading(time, g[at["temperature_c"]], g[at["power_draw_w"]], g[at["ecc_sbe_volatile"]],
+                        g[at["ecc_dbe_volatile"]], g[at["xid"]])  # fmt: skip
+            )
+    return out

@@ -217,14 +217,9 @@ def node_page(request: Request, name: str, me: Me, session: SessionDep) -> Respo
     hardware = node_svc.hardware(session, name)
     gpus = health_queries.node_gpus(session, name)
     keep = request.app.state.settings.health.history_per_gpu
-    gpu_charts: dict[str, dict[str, Any]] = {}
-    samples: dict[str, int] = {}
-    for g in gpus:
-        try:
-            history = health_queries.gpu_history(session, g.uuid, node=name, limit=keep).samples
-        except BcmError:  # a GPU no report covered yet (NotFound), or a UUID two nodes reported
-            history = []
-        gpu_charts[g.uuid], samples[g.uuid] = charts.gpu_charts(history), len(history)
+    readings = queries.node_readings(session, node.id or 0, keep)
+    gpu_charts = {g.uuid: charts.gpu_charts(readings.get(g.uuid, [])) for g in gpus}
+    samples = {g.uuid: len(readings.get(g.uuid, [])) for g in gpus}
     nh = {r.name: r for r in health_queries.list_nodes(session, request.app.state.settings.health,
                                                       hostlist=name, limit=1).items}  # fmt: skip
     ops = [

@@ -56,6 +56,29 @@ def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(b
     page.goto("/ui/nodes")
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    # light and dark follow the system, and text stays readable in both (WCAG AA: 4.5:1)
+    backgrounds = set()
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        backgrounds.add(bg)
+        for selector in ("main h1", "p.muted", "table.nodes th a", "span.v-unknown", "td.state span"):
+            fg = page.evaluate(f"getComputedStyle(document.querySelector({selector!r})).color")
+            assert contrast(fg, bg) >= 4.5, (scheme, selector, fg, bg)
+        shoot(page, f"admin-nodes-{scheme}")
+    assert len(backgrounds) == 2
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two CSS ``rgb(r, g, b)`` colours."""
+
+    def luminance(color: str) -> float:
+        channels = [int(x) / 255 for x in re.findall(r"\d+", color)[:3]]
+        r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
 
 
 def test_viewer_sees_no_actions_and_the_server_refuses_a_forged_post(browser: Any, site: Site) -> None:

@@ -49,3 +49,16 @@ def test_charts_draw_the_readings_and_escape_every_label() -> None:
     hostile = charts.line_chart('<script>alert(1)</script>"', "<b>", [("x", [(t0, 1.0)])])
     assert "<script>" not in hostile and "&lt;script&gt;" in hostile and "<b>" not in hostile
     assert "no readings yet" in charts.line_chart("T", "C", [("x", [(t0, None)])])
+
+
+def test_a_long_history_is_thinned_to_the_charts_width_keeping_its_peaks() -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    points = [(t0 + timedelta(seconds=i), 40.0 if i != 517 else 99.0) for i in range(1000)]
+    points[600] = (points[600][0], None)
+    thinned = charts.thin(points)
+    assert len(thinned) == charts.MAX_POINTS
+    assert max(v for _, v in thinned if v is not None) == 99.0  # the spike survives
+    assert [t for t, _ in thinned] == sorted(t for t, _ in thinned)
+    assert charts.thin(points[:10]) == points[:10]
+    svg = charts.line_chart("T", "C", [("t", points)])
+    assert len(svg.split('points="')[1].split('"')[0].split()) <= charts.MAX_POINTS
