@@ -31,6 +31,9 @@ import fcntl
 import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -95,10 +98,17 @@ def leader_epoch() -> int | None:
     return held[1] if held is not None else None
 
 
+_idle_ms = [0]  # PostgreSQL: a leader-work transaction left idle this long is ended by the server
+
+
 @event.listens_for(Session, "after_begin")
 def _fence_leader_work(_session: Session, _transaction: Any, connection: Connection) -> None:
     held = _EPOCH.get()
     if held is not None:
+        if _idle_ms[0] and connection.dialect.name == "postgresql":
+            # a leader frozen inside a transaction must not hold the lease row's share lock (and so keep
+            # every other server from taking over) for longer than a lease
+            connection.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {_idle_ms[0]}"))
         try:
             fence(connection, *held)
         except Fenced:
@@ -155,6 +165,7 @@ class Lease:
     holder: str | None
     holder_epoch: int
     expires_at: datetime | None
+    previous: str | None = None  # whose lease this round took over (it had not given it up)
 
 
 def db_now(session: Session) -> datetime:
@@ -166,9 +177,12 @@ def db_now(session: Session) -> datetime:
     return utcnow()
 
 
-def elect(engine: Engine, me: str, address: str, lease_s: float, *, leading: bool) -> Lease:
-    """One round, one transaction: heartbeat ``me`` and take or extend the lease if it is free or ours."""
+def elect(engine: Engine, me: str, address: str, lease_s: float, *, leading: bool, take: bool = False) -> Lease:
+    """One round, one transaction: heartbeat ``me`` and take or extend the lease if it is free or ours
+    (or, with ``take``, whoever holds it: SQLite's one server at its start, its predecessor being dead)."""
     with session_scope(engine) as s:
+        if _dialect(s) == "postgresql":  # a round waits for the lease row at most a lease
+            s.execute(text(f"SET LOCAL lock_timeout = {max(1, int(lease_s * 1000 * LOCAL_MARGIN))}"))
         now = db_now(s)
         beat = s.execute(update(Server).where(col(Server.id) == me).values(heartbeat_at=now, address=address))
         if not getattr(beat, "rowcount", 0):
@@ -179,18 +193,21 @@ def elect(engine: Engine, me: str, address: str, lease_s: float, *, leading: boo
             row = Leader(id=LEASE_ROW, epoch=0)
             s.add(row)
         expires = now + timedelta(seconds=lease_s)
+        previous = None
         if row.holder == me:  # ours, expired or not: nobody took it meanwhile, so the epoch still stands
             row.expires_at = expires
-        elif row.holder is None or row.expires_at is None or row.expires_at <= now:
+        elif take or row.holder is None or row.expires_at is None or row.expires_at <= now:
+            previous = row.holder
             row.holder, row.epoch, row.acquired_at, row.expires_at = me, row.epoch + 1, now, expires
-            log.warning("this server (%s) is now the leader, epoch %d", me, row.epoch)
+            log.warning("this server (%s) is now the leader, epoch %d%s", me, row.epoch,
+                        f", after {previous}" if previous else "")  # fmt: skip
         else:
             return Lease(None, row.holder, row.epoch, row.expires_at)
         s.add(row)
         if leading:
             gone = now - timedelta(seconds=max(SERVER_FORGOTTEN_S, lease_s * 10))
             s.execute(delete(Server).where(col(Server.heartbeat_at) < gone))
-        return Lease(row.epoch, me, row.epoch, expires)
+        return Lease(row.epoch, me, row.epoch, expires, previous)
 
 
 def resign(engine: Engine, me: str) -> None:
@@ -202,6 +219,87 @@ def resign(engine: Engine, me: str) -> None:
             .values(holder=None, expires_at=None)
         )
         s.execute(delete(Server).where(col(Server.id) == me))
+
+
+# ---- dnsmasq on a leash -----------------------------------------------------------------------------------
+
+# A process of its own (so a frozen or killed server cannot hold it back): every tick it looks at the
+# beat file the leader touches at each good renewal; when the beat is older than the limit, or the server
+# is gone, it stops every dnsmasq started with this server's config. So a leader paused by SIGSTOP (whose
+# dnsmasq, in a session of its own, would go on answering DHCP) loses its dnsmasq before its lease can
+# expire in the database, and a killed one's dnsmasq does not outlive it.
+LEASH = r"""
+import os, signal, sys, time
+beat, conf, limit, parent = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+mark = ("--conf-file=" + conf).encode()
+
+def stop_dnsmasq():
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if mark in argv and os.path.basename(argv[0]) == b"dnsmasq":
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+while True:
+    time.sleep(min(0.1, limit / 10))
+    gone = os.getppid() != parent
+    try:
+        stale = time.time() - os.stat(beat).st_mtime > limit
+    except FileNotFoundError:
+        stale = True
+    if gone or stale:
+        stop_dnsmasq()
+    if gone:
+        sys.exit(0)
+"""
+
+
+class Leash:
+    """The watchdog process above, for this server's dnsmasq."""
+
+    def __init__(self, settings: Settings, limit_s: float) -> None:
+        from bcm.drivers import dnsmasq
+
+        self.conf = dnsmasq.paths(settings).conf
+        self.beat_file = settings.state_dir / "leader.beat"
+        self.limit_s = limit_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def beat(self, at: float) -> None:
+        """The lease was good at wall-clock time ``at`` (the start of the round that renewed it)."""
+        self.beat_file.touch(exist_ok=True)
+        os.utime(self.beat_file, (at, at))
+
+    def start(self, at: float) -> None:
+        if self.running:
+            return
+        self.beat(at)
+        self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
+            [sys.executable, "-c", LEASH, str(self.beat_file), str(self.conf), str(self.limit_s), str(os.getpid())],
+            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.beat_file.unlink()
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+            self.proc = None
 
 
 # ---- the leader's work in this process ------------------------------------------------------------------
@@ -233,6 +331,9 @@ class Leadership:
         self._loop: asyncio.Task[None] | None = None
         self._deadline = 0.0  # loop time by which a renewal must succeed, while leading
         self._failing = False
+        self.leash = Leash(self.settings, self.lease_s * LOCAL_MARGIN)
+        _idle_ms[0] = max(1, int(self.lease_s * 1000))
+        self._first = True  # on SQLite (one server per file) the first round takes a dead predecessor's lease
 
     @property
     def leading(self) -> bool:
@@ -253,7 +354,7 @@ class Leadership:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._loop
             self._loop = None
-        await self._step_down("the server is stopping")
+        await self._step_down("the server is stopping", stopping=True)
         try:
             with anyio.fail_after(STOP_GRACE_S):
                 await anyio.to_thread.run_sync(resign, self.engine, self.me, abandon_on_cancel=True)
@@ -268,15 +369,16 @@ class Leadership:
 
     async def _round(self) -> None:
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started, wall = loop.time(), time.time()
         if self.leading and started >= self._deadline:  # we slept or stalled past our own lease
             await self._step_down("the lease was not renewed in time")
         try:
             with anyio.fail_after(self.lease_s * LOCAL_MARGIN):
                 lease = await anyio.to_thread.run_sync(
-                    lambda: elect(self.engine, self.me, self.address, self.lease_s, leading=self.leading),
+                    lambda: elect(self.engine, self.me, self.address, self.lease_s, leading=self.leading,
+                                  take=self._first and self.engine.dialect.name == "sqlite"),
                     abandon_on_cancel=True,
-                )
+                )  # fmt: skip
         except Exception as exc:
             if not self._failing:  # logged once per outage
                 log.warning("leader lease round failed (%s); retrying", type(exc).__name__)
@@ -286,7 +388,7 @@ class Leadership:
             return
         if self._failing:
             log.info("leader lease round succeeded again")
-        self._failing = False
+        self._failing = self._first = False
         self.seen = lease
         if lease.epoch is None:
             if self.leading:
@@ -296,11 +398,16 @@ class Leadership:
         if self.epoch != lease.epoch:
             if self.leading:
                 await self._step_down(f"epoch {self.epoch} replaced by {lease.epoch}")
-            await self._become(lease.epoch)
+            await self._become(lease.epoch, lease.previous)
         else:
             await self._reload_pxe()
+        if getattr(self.app.state, "dhcp", None) is not None:
+            if self.leash.running:
+                self.leash.beat(wall)
+            else:
+                self.leash.start(wall)
 
-    async def _become(self, epoch: int) -> None:
+    async def _become(self, epoch: int, previous: str | None = None) -> None:
         self.epoch = epoch
         ctx = contextvars.copy_context()
         ctx.run(_EPOCH.set, (self.me, epoch))
@@ -309,6 +416,27 @@ class Leadership:
             await task
         except Exception:
             log.exception("starting the leader's work failed")
+        if previous is not None:  # a failover, not a start: the audit log says so
+            await self._record("ha.leader", f"leads with epoch {epoch} at {self.address}, after {previous}", epoch)
+
+    async def _record(self, action: str, message: str, epoch: int) -> None:
+        """An audit event written as the leader's work of ``epoch``: refused (fenced) once a newer leader
+        holds the lease, so an old leader's word never lands."""
+        from bcm.services import events
+
+        def write() -> None:
+            with session_scope(self.engine) as s:
+                events.record(s, "bcm:ha", action, self.me, message, detail={"epoch": epoch})
+
+        ctx = contextvars.copy_context()
+        ctx.run(_EPOCH.set, (self.me, epoch))
+        try:
+            with anyio.fail_after(STOP_GRACE_S):
+                await asyncio.create_task(anyio.to_thread.run_sync(write, abandon_on_cancel=True), context=ctx)
+        except Fenced as exc:
+            log.warning("%s not recorded: %s", action, exc.message)
+        except Exception as exc:
+            log.warning("%s not recorded (%s)", action, type(exc).__name__)
 
     async def _start_work(self) -> None:
         """In the leader's context: every task made here (and every thread they use) carries the epoch."""
@@ -330,11 +458,11 @@ class Leadership:
         ):
             self.work.append(asyncio.create_task(coro, name=name))
 
-    async def _step_down(self, why: str) -> None:
-        if not self.leading:
+    async def _step_down(self, why: str, *, stopping: bool = False) -> None:
+        if self.epoch is None:
             return
         log.warning("this server stops leading (epoch %s): %s", self.epoch, why)
-        self.epoch = None
+        epoch, self.epoch = self.epoch, None
         app = self.app
         tasks, self.work = self.work, []
         for task in tasks:
@@ -347,6 +475,9 @@ class Leadership:
                     await stop()
             except Exception:
                 log.exception("stopping the leader's work: %s failed", getattr(stop, "__qualname__", stop))
+        await anyio.to_thread.run_sync(self.leash.stop)
+        if not stopping:  # lost, not given up: say so as the old epoch (refused once another leads)
+            await self._record("ha.step-down", f"stops leading: {why}", epoch)
 
     async def _stop_dhcp(self) -> None:
         dhcp, self.app.state.dhcp = getattr(self.app.state, "dhcp", None), None

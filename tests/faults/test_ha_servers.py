@@ -5,6 +5,7 @@ epoch. Loopback only; every wait is bounded; no timing thresholds (bench/ha.py m
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -44,11 +45,39 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> 
     raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[Server, Server, str]]:
-    """Two servers on one PostgreSQL schema, a short lease; the token of the first serves both."""
+# PXE on loopback only (proxy DHCP, no router adverts): the leader's dnsmasq is a process to look for
+PXE_ON_LO = {
+    "BCM_PXE__ENABLED": "true",
+    "BCM_PXE__INTERFACE": "lo",
+    "BCM_PXE__ADDRESS": "127.0.0.1",
+    "BCM_PXE__MODE": "proxy",
+    "BCM_PXE__IPV6_RA": "false",
+}
+
+
+def live_dnsmasq(server: Server) -> list[int]:
+    """dnsmasq processes running (not stopped, not dead) with this server's config."""
+    mark = f"--conf-file={server.state_dir / 'pxe' / 'dnsmasq.conf'}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark in argv and os.path.basename(argv[0]) == b"dnsmasq" and state not in ("T", "t", "Z", "X"):
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "pxe"])
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Server, Server, str]]:
+    """Two servers on one PostgreSQL schema, a short lease; the token of the first serves both. With
+    ``pxe`` (root: dnsmasq binds the DHCP port) both are configured to serve PXE on loopback."""
+    if request.param and (os.geteuid() != 0 or not shutil.which("dnsmasq")):
+        pytest.skip("dnsmasq on loopback needs root and dnsmasq")
     with pg_schema() as url:
-        env = {"BCM_HA__LEASE_S": str(LEASE_S), "BCM_LOG_LEVEL": "info"}
+        env = {"BCM_HA__LEASE_S": str(LEASE_S), "BCM_LOG_LEVEL": "info", **(PXE_ON_LO if request.param else {})}
         a = Server(tmp_path / "a", database_url=url, extra_env=env)
         b = Server(tmp_path / "b", database_url=url, extra_env=env)
         a.start()
@@ -140,8 +169,73 @@ def test_one_leader_status_and_kill_9_takeover_with_a_higher_epoch(pair: tuple[S
         return v if v["leader"]["holder"] == v["this_server"]["id"] and v["this_server"]["leading"] else None
 
     after = wait_for("the survivor takes the lease", taken_over)
+    if "BCM_PXE__ENABLED" in a.extra_env:  # the dead leader's dnsmasq went with it; the survivor's runs
+        wait_for("dnsmasq on the survivor only", lambda: not live_dnsmasq(lead) and len(live_dnsmasq(follower)) == 1)
     assert after["leader"]["holder"] != old_holder
     assert after["leader"]["epoch"] > epoch
     dead = next(s for s in after["servers"] if s["id"] == old_holder)
     # the takeover came only after the dead leader's last heartbeat had gone silent (database clock)
     assert after["leader"]["acquired_at"] > dead["heartbeat_at"]
+
+
+def test_a_frozen_leader_is_replaced_fenced_and_never_runs_dnsmasq_beside_the_new_one(
+    pair: tuple[Server, Server, str],
+) -> None:
+    """SIGSTOP the leader for three leases, then SIGCONT: the other leads with a higher epoch; the old one
+    steps down and its write as the old epoch is refused; at no moment do two dnsmasq run (with PXE)."""
+    a, b, token = pair
+    pxe = "BCM_PXE__ENABLED" in a.extra_env
+    lead, follower, view = one_leader(a, b, token)
+    old_id, epoch = view["leader"]["holder"], view["leader"]["epoch"]
+    if pxe:
+        wait_for("the leader's dnsmasq runs", lambda: len(live_dnsmasq(lead)) == 1 and not live_dnsmasq(follower))
+    samples = 0
+
+    def at_most_one_dnsmasq() -> None:
+        nonlocal samples
+        if pxe:
+            running = live_dnsmasq(lead) + live_dnsmasq(follower)
+            assert len(running) <= 1, f"two dnsmasq at once: {running}"
+            samples += 1
+
+    assert lead.proc is not None
+    lead.proc.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+
+    def replaced() -> dict[str, Any] | None:
+        at_most_one_dnsmasq()
+        v = ha(follower, token)
+        taken = v["this_server"]["leading"] and v["leader"]["holder"] == v["this_server"]["id"]
+        serving = not pxe or len(live_dnsmasq(follower)) == 1
+        return v if taken and serving and time.monotonic() - frozen_at >= 3 * LEASE_S else None
+
+    after = wait_for("the follower leads while the old leader is frozen for three leases", replaced)
+    new_id, new_epoch = after["leader"]["holder"], after["leader"]["epoch"]
+    assert new_id != old_id and new_epoch > epoch
+    assert not pxe or live_dnsmasq(lead) == []  # the frozen leader's dnsmasq was stopped by its leash
+
+    lead.proc.send_signal(signal.SIGCONT)
+
+    def stepped_down() -> dict[str, Any] | None:
+        at_most_one_dnsmasq()
+        v = ha(lead, token)
+        me = v["this_server"]
+        return v if not me["leading"] and me["refused_writes"] >= 1 and v["leader"]["holder"] == new_id else None
+
+    woke = wait_for("the old leader steps down after SIGCONT", stepped_down)
+    assert woke["this_server"]["epoch"] is None and woke["leader"]["epoch"] == new_epoch
+    for _ in range(int(2 * LEASE_S / 0.1)):  # two more leases: the new leader keeps the lease, alone
+        at_most_one_dnsmasq()
+        time.sleep(0.1)
+    final = ha(follower, token)
+    assert final["leader"]["holder"] == new_id and final["leader"]["epoch"] == new_epoch
+    if pxe:
+        assert live_dnsmasq(lead) == [] and len(live_dnsmasq(follower)) == 1 and samples > 0
+
+    events = httpx.get(f"{follower.url}/api/v1/events", params={"limit": 1000},
+                       headers={"Authorization": f"Bearer {token}"}, timeout=10).json()  # fmt: skip
+    ha_events = [(e["action"], e["target"], (e.get("detail") or {}).get("epoch")) for e in events
+                 if e["action"].startswith("ha.")]  # fmt: skip
+    assert ("ha.leader", new_id, new_epoch) in ha_events  # the takeover is in the audit log
+    # the old leader tried to record its step-down as epoch ``epoch``: refused, so nothing of it landed
+    assert [e for e in ha_events if e[1] == old_id] == [], ha_events
