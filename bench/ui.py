@@ -34,8 +34,9 @@ from bcm.models.auth import Role
 from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.node import NodeBulkCreate
+from bcm.models.operation import Operation, OpState
 from bcm.server import prepare
-from bcm.services import auth, health, nodes, operations
+from bcm.services import auth, health, nodes
 from bcm.settings import Settings
 
 PAGES = [
@@ -95,12 +96,12 @@ def seed(url: str, state: Path, n: int, gpus: int, history: int) -> str:
         with session_scope(engine) as s:
             health.ingest(s, ids[names[0]], HealthReport.model_validate(first), settings.health)
     with session_scope(engine) as s:
-        for k in range(30):
-            op = operations.create(s, "inventory", f"gpu[{k * 100 + 1:05d}-{k * 100 + 100:05d}]", 100, "bench")
-            operations.start(s, op)
-            operations.add_results(s, op, {f"gpu{k * 100 + j:05d}": {"status": "ok"} for j in range(1, 101)},
-                                   "".join(f"gpu{k * 100 + j:05d}: ok\n" for j in range(1, 101)))  # fmt: skip
-            operations.finish(s, op)
+        for k in range(30):  # finished inventories of 100 nodes each, as the Operations page lists them
+            names_k = [f"gpu{k * 100 + j:05d}" for j in range(1, 101)]
+            s.add(Operation(kind="inventory", targets=f"gpu[{k * 100 + 1:05d}-{k * 100 + 100:05d}]",
+                            state=OpState.SUCCEEDED.value, progress_done=100, progress_total=100, created_by="bench",
+                            results={x: {"status": "ok"} for x in names_k}, log="".join(f"{x}: ok\n" for x in names_k),
+                            started_at=now, finished_at=now))  # fmt: skip
         _row, secret = auth.issue(s, "bench-viewer", Role.VIEWER)
     engine.dispose()
     print(f"  seeded {n} nodes × {gpus} GPUs, {history} more reports for {names[0]} in {time.perf_counter() - t0:.1f} s")
