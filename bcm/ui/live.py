@@ -22,6 +22,7 @@ router = APIRouter(prefix="/ui", route_class=UiRoute, include_in_schema=False)
 POLL_S = 0.5
 STREAM_S = 300.0  # one response at most this long; the browser reconnects with Last-Event-ID
 CHUNK_CHARS = 64_000
+KEEPALIVE_S = 15.0
 
 
 def _read(engine: Any, op_id: int) -> tuple[str, dict[str, Any]]:
@@ -51,6 +52,8 @@ async def operation_log(
 
     async def stream() -> AsyncIterator[str]:
         offset, deadline = start, time.monotonic() + STREAM_S
+        sent: dict[str, Any] | None = None
+        quiet_since = time.monotonic()
         yield "retry: 2000\n\n"
         while True:  # bounded: the operation's end, the stream's deadline, or the client leaving
             log, status = await anyio.to_thread.run_sync(_read, engine, op_id)
@@ -59,11 +62,17 @@ async def operation_log(
             while offset < len(log):
                 piece = log[offset : offset + CHUNK_CHARS]
                 offset += len(piece)
+                sent, quiet_since = status, time.monotonic()
                 yield _event(offset, {"log": piece, **status})
             if status["finished"]:
                 yield _event(offset, status, "end")
                 return
-            yield _event(offset, {"log": "", **status})
+            if status != sent:  # progress without a log line
+                sent, quiet_since = status, time.monotonic()
+                yield _event(offset, {"log": "", **status})
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:  # a comment keeps proxies from closing it
+                quiet_since = time.monotonic()
+                yield ": still running\n\n"
             if time.monotonic() > deadline or await request.is_disconnected():
                 return
             await asyncio.sleep(POLL_S)
