@@ -65,6 +65,9 @@ def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(b
         for selector in ("main h1", "p.muted", "table.nodes th a", "span.v-unknown", "td.state span"):
             fg = page.evaluate(f"getComputedStyle(document.querySelector({selector!r})).color")
             assert contrast(fg, bg) >= 4.5, (scheme, selector, fg, bg)
+        button = page.locator("fieldset.bulk button")
+        on, under = button.evaluate("b => [getComputedStyle(b).color, getComputedStyle(b).backgroundColor]")
+        assert contrast(on, under) >= 4.5, (scheme, "button", on, under)
         shoot(page, f"admin-nodes-{scheme}")
     assert len(backgrounds) == 2
 
