@@ -178,6 +178,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     from bcm.api.v1 import ha
 
     app.include_router(ha.router, prefix="/api/v1", responses=ERRORS)
+    app.include_router(ha.probe)  # GET /leaderz (no token): keepalived's check
     app.include_router(tokens.users, prefix="/api/v1", responses=ERRORS)
     for tenancy_router in (tenancy.departments, tenancy.projects, tenancy.router):
         app.include_router(tenancy_router, prefix="/api/v1", responses=ERRORS)

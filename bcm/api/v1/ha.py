@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -95,3 +96,16 @@ def status(request: Request, session: SessionDep, _t: Viewer) -> HaStatus:
         ],
         operations=operations,
     )
+
+
+probe = APIRouter(tags=["meta"])
+
+
+@probe.get("/leaderz")
+def leaderz(request: Request) -> JSONResponse:
+    """200 while this server leads (its lease and epoch), else 503: for keepalived's check script, which
+    moves the service address to the leader. No token and no database: this process's own election."""
+    ha = getattr(request.app.state, "ha", None)
+    if ha is None or not ha.leading:
+        return JSONResponse({"leading": False}, status_code=503)
+    return JSONResponse({"leading": True, "epoch": ha.epoch})
