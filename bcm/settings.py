@@ -32,6 +32,10 @@ class SshSettings(BaseModel):
     concurrency: int = Field(default=128, ge=1, le=4096)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     command_timeout_s: float = Field(default=60.0, gt=0)
+    # a connect that timed out, was reset or refused is tried again this many times (never a command
+    # that ran, a refused login or a changed host key), after a backoff from backoff_s doubling to 8 s
+    retries: int = Field(default=3, ge=0, le=10)
+    backoff_s: float = Field(default=0.5, ge=0, le=60)
 
 
 class HealthSettings(BaseModel):

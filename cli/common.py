@@ -62,14 +62,19 @@ def show_operation(op: dict[str, Any], as_json: bool) -> None:
         emit_json(op)
         return
     results = op.get("results") or {}
-    table(
-        f"operation {op['id']} {op['kind']}: {op['state']}",
-        ["NODE", "RESULT", "DETAIL"],
-        [
-            (name, r.get("status"), r.get("message") or r.get("error") or "")
-            for name, r in sorted(results.items())
-        ],
-    )
+    rows = [
+        (name, r.get("status"), r.get("message") or r.get("error") or "") for name, r in sorted(results.items())
+    ]
+    # SSH fan-outs retry transient connect failures: show how many attempts a node took when any took more
+    attempts = [r.get("attempts") or 1 for _, r in sorted(results.items())]
+    if any(a > 1 for a in attempts):
+        table(
+            f"operation {op['id']} {op['kind']}: {op['state']}",
+            ["NODE", "RESULT", "ATTEMPTS", "DETAIL"],
+            [(name, status, str(a), detail) for (name, status, detail), a in zip(rows, attempts, strict=True)],
+        )
+    else:
+        table(f"operation {op['id']} {op['kind']}: {op['state']}", ["NODE", "RESULT", "DETAIL"], rows)
     if op.get("error"):
         out.print(op["error"], style="red")
 

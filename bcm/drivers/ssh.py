@@ -10,6 +10,13 @@ stored for it, or None for "pin on first contact". The key is checked during key
 changed key is refused before authentication (no password reaches an impostor) and before any
 command runs. The key seen is returned in every result, so the caller can store it on first
 contact or show it when it changed.
+
+Retries and the adaptive fan-out (rules in :mod:`bcm.domain.fanout`): a connect-stage failure that
+the head's own load can cause (timeout, reset, refused, no route) is tried again after a jittered
+backoff, at most ``retries`` more times and never past the fan-out's deadline; authentication, host
+key and command failures never are. ``run_many`` starts at the configured concurrency (the ceiling)
+and halves it when connects time out or come close to the timeout, growing back on fast connects.
+Each result says how many attempts it took.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import shlex
 import socket
 import time
@@ -28,7 +36,8 @@ from typing import Any
 
 import asyncssh
 
-from bcm.drivers.fanout import fan_out
+from bcm.domain.fanout import AimdLimit, RetryPolicy, fan_out_budget, is_transient
+from bcm.drivers.fanout import Gate, fan_out
 from bcm.errors import DriverError, FatalDriverError, InvalidInput, RetryableDriverError
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,10 @@ log = logging.getLogger(__name__)
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_COMMAND_TIMEOUT_S = 60.0
 DEFAULT_CONCURRENCY = 128
+DEFAULT_RETRIES = 3
+DEFAULT_BACKOFF_S = 0.5
+# A connect slower than this share of the connect timeout was close to failing: the fan-out backs off.
+SLOW_CONNECT_FRACTION = 0.5
 
 
 class HostStatus(StrEnum):
@@ -71,6 +84,8 @@ class HostResult:
     host_key: str | None = None  # the key the host presented, OpenSSH format, no comment
     error: str | None = None
     duration_s: float = 0.0
+    attempts: int = 1  # connections tried, retries included
+    retryable: bool = False  # a connect-stage failure another attempt may cure (bcm.domain.fanout)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +175,7 @@ class _Attempt:
     conn: asyncssh.SSHClientConnection | None = None
     connected: bool = False
     pinned: bool = False
+    connect_started: float = 0.0
 
     def host_key(self) -> str | None:
         key = self.conn.get_server_host_key() if self.conn else None
@@ -180,6 +196,9 @@ class SshClient:
         command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
         concurrency: int = DEFAULT_CONCURRENCY,
         password: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        rng: random.Random | None = None,
     ) -> None:
         keys: list[asyncssh.SSHKey] = []
         if key_path is not None:
@@ -191,6 +210,8 @@ class SshClient:
         self.connect_timeout_s = connect_timeout_s
         self.command_timeout_s = command_timeout_s
         self.concurrency = concurrency
+        self.retry = RetryPolicy(attempts=1 + max(0, retries), backoff_s=backoff_s)
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         # config=None and agent_path=None: only what bcm configures counts, never the invoking
         # user's ~/.ssh/config, agent keys or known_hosts.
         self._options = asyncssh.SSHClientConnectionOptions(
@@ -215,6 +236,8 @@ class SshClient:
             connect_timeout_s=ssh.connect_timeout_s,
             command_timeout_s=ssh.command_timeout_s,
             concurrency=ssh.concurrency,
+            retries=ssh.retries,
+            backoff_s=ssh.backoff_s,
         )
 
     async def run_many(
@@ -227,20 +250,38 @@ class SshClient:
         command_timeout: float | None = None,
         on_result: OnResult | None = None,
         stdin: str | None = None,
+        deadline_s: float | None = None,
     ) -> list[HostResult]:
         """Run ``command`` on every host, at most ``concurrency`` at once; results in input order.
 
+        ``concurrency`` (default: the client's) is the ceiling: fewer run at once while connects
+        time out or slow down. Transient connect failures are retried until ``deadline_s`` from now
+        (default :func:`~bcm.domain.fanout.fan_out_budget`, the work engine's bound for the batch).
         ``on_result`` is called (and awaited if it returns an awaitable) once per host as it
         finishes, always from this coroutine, one at a time, so it may use a single DB session.
         If it raises, the remaining hosts are cancelled and the exception propagates.
         """
         connect_s = connect_timeout or self.connect_timeout_s
         command_s = command_timeout or self.command_timeout_s
+        ceiling = concurrency or self.concurrency
+        budget = deadline_s if deadline_s is not None else fan_out_budget(len(hosts), ceiling, connect_s, command_s)
+        deadline = time.monotonic() + budget
+        control = AimdLimit(
+            ceiling, slow_s=connect_s * SLOW_CONNECT_FRACTION, floor=min(ceiling, 4), increase=max(1.0, ceiling / 16)
+        )
+        gate = Gate(control)
 
         async def one(target: Target) -> HostResult:
-            return await self._run_bounded(target, command, connect_s, command_s, stdin)
+            return await self._run_bounded(target, command, connect_s, command_s, stdin, gate, deadline)
 
-        return await fan_out(hosts, one, concurrency or self.concurrency, on_result)
+        results = await fan_out(hosts, one, len(hosts), on_result)
+        retried = sum(r.attempts - 1 for r in results)
+        if retried or control.cuts:
+            log.info(
+                "ssh fan-out to %d hosts: %d retries, concurrency cut %d times (ceiling %d, lowest %d, now %d)",
+                len(hosts), retried, control.cuts, ceiling, control.lowest, control.limit,
+            )  # fmt: skip
+        return results
 
     async def run_one(
         self,
@@ -251,13 +292,11 @@ class SshClient:
         command_timeout: float | None = None,
         stdin: str | None = None,
     ) -> HostResult:
-        return await self._run_bounded(
-            target,
-            command,
-            connect_timeout or self.connect_timeout_s,
-            command_timeout or self.command_timeout_s,
-            stdin,
-        )
+        """One host, with the same retries as ``run_many`` (deadline: one connect and one command timeout)."""
+        connect_s = connect_timeout or self.connect_timeout_s
+        command_s = command_timeout or self.command_timeout_s
+        deadline = time.monotonic() + fan_out_budget(1, 1, connect_s, command_s)
+        return await self._run_bounded(target, command, connect_s, command_s, stdin, None, deadline)
 
     async def put_files(
         self,
@@ -296,12 +335,19 @@ class SshClient:
                     )
             return HostResult(target.name, HostStatus.OK, exit_status=0)
 
-        return await self._with_connection(
-            target, self.connect_timeout_s, timeout or self.command_timeout_s, upload
-        )
+        command_s = timeout or self.command_timeout_s
+        deadline = time.monotonic() + fan_out_budget(1, 1, self.connect_timeout_s, command_s)
+        return await self._with_retries(target, self.connect_timeout_s, command_s, upload, None, deadline)
 
     async def _run_bounded(
-        self, target: Target, command: str, connect_s: float, command_s: float, stdin: str | None
+        self,
+        target: Target,
+        command: str,
+        connect_s: float,
+        command_s: float,
+        stdin: str | None,
+        gate: Gate | None,
+        deadline: float,
     ) -> HostResult:
         async def execute(conn: asyncssh.SSHClientConnection) -> HostResult:
             done = await conn.run(
@@ -325,7 +371,43 @@ class SshClient:
                 error=f"command {why}" + (f": {tail[0][:200]}" if tail else ""),
             )
 
-        return await self._with_connection(target, connect_s, command_s, execute)
+        return await self._with_retries(target, connect_s, command_s, execute, gate, deadline)
+
+    async def _with_retries(
+        self,
+        target: Target,
+        connect_s: float,
+        command_s: float,
+        work: Callable[[asyncssh.SSHClientConnection], Awaitable[HostResult]],
+        gate: Gate | None,
+        deadline: float,
+    ) -> HostResult:
+        """Attempts until one is not transient, the attempts are used up or the deadline is near.
+
+        Each attempt holds a slot of ``gate`` (if any); the backoff between attempts holds none.
+        """
+        started = time.monotonic()
+        attempts = 0
+        while True:  # bounded: next_delay is None once self.retry.attempts are used
+            attempts += 1
+            if gate is not None:
+                async with gate:
+                    result = await self._with_connection(target, connect_s, command_s, work, gate.control)
+            else:
+                result = await self._with_connection(target, connect_s, command_s, work)
+            wait = self.retry.next_delay(
+                attempts, result.retryable, time.monotonic(), deadline, connect_s, self._rng
+            )
+            if wait is None:
+                break
+            log.debug("ssh %s: attempt %d %s (%s); again in %.1fs", target.name, attempts,
+                      result.status.value, result.error, wait)  # fmt: skip
+            await asyncio.sleep(wait)
+        result.attempts = attempts
+        result.duration_s = time.monotonic() - started
+        if attempts > 1 and not result.ok:
+            result.error = f"{result.error or 'no detail'} (after {attempts} attempts)"
+        return result
 
     async def _with_connection(
         self,
@@ -333,17 +415,22 @@ class SshClient:
         connect_s: float,
         command_s: float,
         work: Callable[[asyncssh.SSHClientConnection], Awaitable[HostResult]],
+        control: AimdLimit | None = None,
     ) -> HostResult:
+        """One attempt: connect, ``work``, close; reports the connect's latency or congestion to ``control``."""
         started = time.monotonic()
-        attempt = _Attempt()
+        attempt = _Attempt(connect_started=started)
         try:
             # One bound around everything: a host whose sshd accepts TCP and then stalls (or a
             # command that never ends) costs at most connect + command time, never the batch.
             result = await asyncio.wait_for(
-                self._connect_and(target, attempt, connect_s, work), connect_s + command_s
+                self._connect_and(target, attempt, connect_s, work, control), connect_s + command_s
             )
         except Exception as exc:  # every failure becomes this host's status, never the batch's
             result = _classify(target, attempt, exc, connect_s, command_s)
+            result.retryable = is_transient(result.status.value, attempt.connected)
+            if control is not None and not attempt.connected and _congestion(exc):
+                control.on_congestion(attempt.connect_started, time.monotonic())
         finally:
             if attempt.conn is not None:
                 attempt.conn.abort()
@@ -359,6 +446,7 @@ class SshClient:
         attempt: _Attempt,
         connect_s: float,
         work: Callable[[asyncssh.SSHClientConnection], Awaitable[HostResult]],
+        control: AimdLimit | None,
     ) -> HostResult:
         trusted: list[asyncssh.SSHKey] = []
         if target.pinned_host_key:
@@ -369,6 +457,7 @@ class SshClient:
             attempt.client = _PinningClient(accept_unknown=not trusted)
             return attempt.client
 
+        attempt.connect_started = time.monotonic()
         conn = await asyncssh.connect(
             target.address,
             target.port,
@@ -379,6 +468,9 @@ class SshClient:
         )
         attempt.conn = conn
         attempt.connected = True
+        if control is not None:
+            now = time.monotonic()
+            control.on_connect(attempt.connect_started, now - attempt.connect_started, now)
         try:
             return await work(conn)
         finally:
@@ -391,6 +483,13 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def _congestion(exc: BaseException) -> bool:
+    """A connect that failed the way an overloaded head or node fails it: timed out, reset or dropped."""
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError | ConnectionResetError | BrokenPipeError):
+        return True
+    return isinstance(exc, asyncssh.ConnectionLost)
 
 
 def _classify(

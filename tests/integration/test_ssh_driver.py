@@ -9,10 +9,13 @@ Needs root (sshd privilege separation, mount namespace); skipped otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import random
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 import threading
 import time
@@ -175,6 +178,52 @@ class SilentListener:
             conn.close()
 
 
+class ResettingProxy:
+    """Forwards TCP to sshd, but resets the first ``drops`` connections (an overloaded sshd does that)."""
+
+    def __init__(self, backend_port: int, drops: int) -> None:
+        self.backend_port = backend_port
+        self.drops = drops
+        self.accepted = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted <= self.drops:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # RST: "connection reset by peer"
+                continue
+            backend = socket.create_connection(("127.0.0.1", self.backend_port), timeout=10)
+            backend.settimeout(None)
+            for a, b in ((conn, backend), (backend, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def run(coro):  # type: ignore[no-untyped-def]
     # Outer bound: a driver that failed to bound a host would hang the test; this fails it instead.
     return asyncio.run(asyncio.wait_for(coro, 120))
@@ -271,6 +320,52 @@ def test_batch_with_dead_and_silent_hosts_still_succeeds_elsewhere(sshd: Sshd, c
     assert by_name["silent"].status is HostStatus.TIMED_OUT
     assert by_name["silent"].host_key is None
     assert by_name["closed"].status is HostStatus.UNREACHABLE
+    # the dead hosts were tried again (bounded: 1 + 3 retries at most, within the batch's deadline)
+    assert by_name["good1"].attempts == by_name["good2"].attempts == 1
+    for name in ("silent", "closed"):
+        assert 2 <= by_name[name].attempts <= 4, by_name[name]
+        assert f"after {by_name[name].attempts} attempts" in (by_name[name].error or "")
+
+
+def test_reset_connections_are_retried_until_the_host_answers(sshd: Sshd, tmp_path: Path) -> None:
+    proxy = ResettingProxy(sshd.port, drops=2)
+    client = SshClient(sshd.client_key, connect_timeout_s=5, retries=3, backoff_s=0.05, rng=random.Random(3))
+    try:
+        [result] = run(client.run_many([Target("flaky", "127.0.0.1", proxy.port, sshd.host_key)], "echo up"))
+    finally:
+        proxy.close()
+    assert result.status is HostStatus.OK, result.error
+    assert result.stdout == "up\n"
+    assert result.attempts == 3 and proxy.accepted == 3  # two resets, then the login
+
+
+def test_retries_are_bounded_for_a_host_that_stays_down(sshd: Sshd) -> None:
+    proxy = ResettingProxy(sshd.port, drops=100)
+    client = SshClient(sshd.client_key, connect_timeout_s=5, retries=2, backoff_s=0.05)
+    try:
+        [result] = run(client.run_many([Target("down", "127.0.0.1", proxy.port)], "true"))
+    finally:
+        proxy.close()
+    assert result.status is HostStatus.UNREACHABLE
+    assert result.attempts == 3 and proxy.accepted == 3
+    assert "after 3 attempts" in (result.error or "")
+
+
+def test_definite_failures_are_not_retried(sshd: Sshd, client: SshClient, tmp_path: Path) -> None:
+    stranger = tmp_path / "stranger" / "id_ed25519"
+    ensure_keypair(stranger)
+    other_key = ensure_keypair(tmp_path / "other" / "id_ed25519")
+    marker = tmp_path / "ran"
+    auth = run(SshClient(stranger, connect_timeout_s=5).run_many([sshd.target()], "true"))[0]
+    assert auth.status is HostStatus.AUTH_FAILED and auth.attempts == 1
+    changed = run(client.run_many([sshd.target(pinned=other_key)], "true"))[0]
+    assert changed.status is HostStatus.HOST_KEY_CHANGED and changed.attempts == 1
+    failed = run(client.run_many([sshd.target()], f"echo x >> {marker}; exit 4"))[0]
+    assert failed.status is HostStatus.COMMAND_FAILED and failed.attempts == 1
+    assert marker.read_text() == "x\n"  # ran once
+    slow = run(client.run_many([sshd.target()], f"echo y >> {marker}; sleep 30", command_timeout=1))[0]
+    assert slow.status is HostStatus.TIMED_OUT and slow.attempts == 1  # a command that ran is never run again
+    assert marker.read_text() == "x\ny\n"
 
 
 def test_on_result_error_propagates(sshd: Sshd, client: SshClient) -> None:
