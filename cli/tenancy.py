@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import typer
 
-from cli.common import JsonOpt, client
+from cli.common import JsonOpt, client, follow, print_failure
 from cli.render import emit_json, kv, out, table
 
 dept_app = typer.Typer(
@@ -268,7 +268,20 @@ def plan(cluster: Cluster = None, as_json: JsonOpt = False) -> None:
 
 
 @tenancy_app.command("apply")
-def apply(cluster: Cluster = None, as_json: JsonOpt = False) -> None:
-    """Tell the workload manager (idempotent: applying again changes nothing)."""
+def apply(
+    cluster: Cluster = None,
+    as_json: JsonOpt = False,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="follow the operation to its end")] = True,
+) -> None:
+    """Tell the workload manager (idempotent: applying again changes nothing); an operation, followed."""
     path = "/api/v1/tenancy/apply" + (f"?cluster={quote(cluster)}" if cluster else "")
-    _show_plan(client().post(path), as_json)
+    c = client()
+    started = c.post(path)
+
+    def show(op: dict[str, Any], as_json: bool) -> None:
+        _show_plan(op.get("outcome") or {"cluster": started["cluster"], "applied": False, "changes": [],
+                                         "drift": 0, "notes": []}, as_json)  # fmt: skip
+        if op["state"] != "succeeded" and not as_json:
+            print_failure(op)
+
+    follow(c, int(started["operation_id"]), wait=wait, as_json=as_json, show=show)

@@ -18,7 +18,7 @@ class OpState(StrEnum):
     SUCCEEDED = "succeeded"
     PARTIAL = "partial"
     FAILED = "failed"
-    INTERRUPTED = "interrupted"  # its server stopped or died while it ran; per-node results kept
+    INTERRUPTED = "interrupted"  # (before leases) its server stopped while it ran; per-node results kept
     CANCELLED = "cancelled"  # stopped on request (`bcm op cancel`)
 
     @property
@@ -43,14 +43,24 @@ class Operation(OperationBase, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False, index=True))
     started_at: datetime | None = Field(default=None, sa_column=ts_column())
     finished_at: datetime | None = Field(default=None, sa_column=ts_column())
-    # the server process running it, and when that process last said it is alive
-    runner: str | None = Field(default=None, max_length=128, index=True)
-    heartbeat_at: datetime | None = Field(default=None, sa_column=ts_column())
+    # the lease: the server running it (bcm.workers.identity.server_id) until ``lease_expires``; an open
+    # operation whose lease has lapsed (or that has no owner) is claimed by the next server that looks
+    owner: str | None = Field(default=None, max_length=128, index=True)
+    lease_expires: datetime | None = Field(default=None, sa_column=ts_column())
+    claims: int = 0  # how many times a server took it up: 1 for a first run, more once reclaimed
+    # what its handler needs to run it again on another server (never a secret), and what it produced
+    # beyond per-node results (the tenancy plan it applied …)
+    spec: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    outcome: dict[str, Any] | None = Field(default=None, sa_column=json_column())
 
 
 class OperationPublic(OperationBase):
     id: int
     results: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None
+    owner: str | None = None
+    lease_expires: datetime | None = None
+    claims: int = 0
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None

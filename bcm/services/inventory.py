@@ -1,23 +1,20 @@
 """SSH inventory: run the fact script on many nodes at once and store what each one has.
 
-Registered as the background job of the ``inventory`` verb. One dead, hung or refusing host never
-fails the batch: each host gets its own result, and the healthy ones are inventoried.
+The ``inventory`` operation (:mod:`bcm.workers.inventory`) runs the script and hands each host's
+result here. One dead, hung or refusing host never fails the batch: each host gets its own result,
+and the healthy ones are inventoried.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from bcm.agent.facts import FACT_SCRIPT
-from bcm.db import session_scope
 from bcm.domain.facts import parse_fact_output
 from bcm.domain.states import Verb, next_state
 from bcm.drivers import ssh
@@ -25,12 +22,8 @@ from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.node import Interface, Node
 from bcm.services import events
-from bcm.services import operations as op_svc
-from bcm.settings import Settings
-from bcm.workers.runner import Runner, job
 
 log = logging.getLogger("bcm.inventory")
-FLUSH_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -111,53 +104,3 @@ def _summary(facts: Any) -> str:
     threads = cpu.threads if cpu else "?"
     gpu = f", {len(facts.gpus)}× {facts.gpus[0].name}" if facts.gpus else ""
     return f"{threads} threads, {mem}{gpu}"
-
-
-@job("inventory")
-async def inventory_job(runner: Runner, op_id: int, names: list[str], actor: str) -> None:
-    settings: Settings = runner.settings
-    engine = runner.engine
-    targets, missing = await anyio.to_thread.run_sync(load_targets, engine, names)
-    pending: list[ssh.HostResult] = []
-    done = asyncio.Event()
-
-    def flush(batch: list[ssh.HostResult], missing_now: dict[str, str]) -> None:
-        with session_scope(engine) as s:
-            results = {r.name: store_result(s, r, actor) for r in batch}
-            for name, why in missing_now.items():
-                node = s.exec(select(Node).where(Node.name == name)).one()
-                node.target_state, node.last_error = None, f"inventory: {why}"
-                s.add(node)
-                results[name] = {"status": "no_address", "message": why}
-            op = op_svc.get(s, op_id)
-            if op.started_at is None:
-                op_svc.start(s, op)
-            log_lines = "".join(f"{n}: {r['status']} {r.get('message', '')}\n" for n, r in results.items())
-            op_svc.add_results(s, op, results, log_lines)
-
-    async def flusher() -> None:
-        while not (done.is_set() and not pending):
-            await asyncio.sleep(FLUSH_EVERY_S)
-            batch = pending[:]
-            del pending[: len(batch)]
-            if batch:
-                await anyio.to_thread.run_sync(flush, batch, {})
-
-    await anyio.to_thread.run_sync(flush, [], missing)
-    flushing = asyncio.create_task(flusher())
-    try:
-        client = ssh.SshClient.from_settings(settings)
-        await client.run_many(
-            [ssh.Target(t.name, t.address, settings.ssh.port, t.pinned_key) for t in targets],
-            FACT_SCRIPT,
-            on_result=pending.append,
-        )
-    finally:
-        done.set()
-        await flushing
-
-    def finish() -> None:
-        with session_scope(engine) as s:
-            op_svc.finish(s, op_svc.get(s, op_id))
-
-    await anyio.to_thread.run_sync(finish)

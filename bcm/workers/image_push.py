@@ -1,6 +1,6 @@
 """``bcm image push IMAGE NODES`` as an Operation of kind ``image-push``.
 
-Runner.operation takes the node locks and always releases them; each node's result is recorded as it
+The work engine takes the node locks under the operation's lease and releases them at its end; each node's result is recorded as it
 finishes (status, files changed, a sample of rsync's itemized lines, bytes). A dry run (the default)
 changes nothing on the nodes; ``apply`` writes, and each node it reached gets an ``image.push`` event
 and ``{"image", "version"}`` in its result.
@@ -22,7 +22,7 @@ from bcm.services import image_push as svc
 from bcm.services import operations as op_svc
 from bcm.settings import Settings
 from bcm.workers.images import load_chain
-from bcm.workers.runner import Runner
+from bcm.workers.job import Handler, Job, Starter
 
 LOCK_MARGIN_S = 300.0  # unpacking a squashfs before the first node starts
 
@@ -37,7 +37,7 @@ def operation_timeout_s(settings: Settings, nodes: int) -> float:
 
 
 async def start(
-    runner: Runner, name: str, names: list[str], version: str | None, apply: bool, actor: str
+    runner: Starter, name: str, names: list[str], version: str | None, apply: bool, actor: str
 ) -> tuple[str, int]:
     """Check the version and its recipe chain, then start the push: (version, operation id)."""
     settings = runner.settings
@@ -50,21 +50,30 @@ async def start(
     source = await anyio.to_thread.run_sync(check)
     # the excludes come from the recipe chain; a recipe that no longer loads stops the push here (422)
     chain = await anyio.to_thread.run_sync(load_chain, settings, source.recipe)
-    excludes = image_recipe.push_excludes(chain)
+    image_recipe.push_excludes(chain)
     mode = "apply" if apply else "dry run"
 
-    async def job(r: Runner, op_id: int, node_names: list[str], job_actor: str) -> None:
-        await push_job(r, op_id, node_names, source, excludes, apply, job_actor)
-
-    op_id = await runner.operation(
-        "image-push",
-        names,
-        actor,
-        f"{source.name}:{source.version} ({mode})",
-        job,
-        timeout_s=operation_timeout_s(settings, len(names)),
-    )
+    spec = {"image": source.name, "version": source.version, "apply": apply}
+    op_id = await runner.submit("image-push", names, actor, f"{source.name}:{source.version} ({mode})", spec=spec)
     return source.version, op_id
+
+
+async def _run(job: Job) -> None:
+    """The ``image-push`` operation (resumable: rsync is idempotent, a reclaimed push goes on with the
+    nodes that have no result)."""
+    settings = job.settings
+
+    def check() -> svc.PushSource:
+        with session_scope(job.engine) as s:
+            image = svc.ready_version(s, job.spec["image"], job.spec["version"])
+            return svc.source_of(s, image, settings.images.cache_dir, settings.images_dir)
+
+    source = await anyio.to_thread.run_sync(check)
+    chain = await anyio.to_thread.run_sync(load_chain, settings, source.recipe)
+    await push_job(job, job.op_id, job.names, source, image_recipe.push_excludes(chain), bool(job.spec["apply"]), job.actor)
+
+
+HANDLER = Handler(_run, timeout=operation_timeout_s)
 
 
 def _tree(source: svc.PushSource, settings: Settings) -> Path:
@@ -84,7 +93,7 @@ def _line(name: str, entry: dict[str, Any]) -> str:
 
 
 async def push_job(
-    runner: Runner,
+    runner: Job,
     op_id: int,
     names: list[str],
     source: svc.PushSource,
@@ -116,7 +125,7 @@ async def push_job(
 
 
 async def _push(
-    runner: Runner,
+    runner: Job,
     op_id: int,
     targets: list[sync.PushTarget],
     source: svc.PushSource,

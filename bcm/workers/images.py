@@ -15,16 +15,18 @@ import threading
 from pathlib import Path
 
 import anyio
+from sqlmodel import Session
 
 from bcm.db import session_scope
 from bcm.domain import image_recipe
 from bcm.drivers import imagebuild, offload
 from bcm.errors import BcmError
 from bcm.models.image import ImageState
+from bcm.models.operation import Operation
 from bcm.services import images as svc
 from bcm.services import operations as op_svc
 from bcm.settings import Settings
-from bcm.workers.runner import Runner
+from bcm.workers.job import Handler, Job, Starter
 
 log = logging.getLogger("bcm.images")
 FLUSH_EVERY_S = 0.5
@@ -38,10 +40,10 @@ def load_chain(settings: Settings, recipe: str) -> list[image_recipe.Recipe]:
     return image_recipe.chain(recipes, recipe)
 
 
-async def start(runner: Runner, recipe: str, version: str | None, actor: str) -> tuple[str, str, int]:
+async def start(runner: Starter, recipe: str, version: str | None, actor: str) -> tuple[str, str, int]:
     """Check the recipe, record the image row, start the build operation: (name, version, op id)."""
     settings = runner.settings
-    chain = await anyio.to_thread.run_sync(load_chain, settings, recipe)
+    await anyio.to_thread.run_sync(load_chain, settings, recipe)  # a broken recipe is a 422 here
 
     def begin() -> tuple[int, str]:
         with session_scope(runner.engine) as s:
@@ -51,12 +53,8 @@ async def start(runner: Runner, recipe: str, version: str | None, actor: str) ->
 
     image_id, ver = await anyio.to_thread.run_sync(begin)
 
-    async def job(r: Runner, op_id: int, _names: list[str], _actor: str) -> None:
-        await build_job(r, op_id, image_id, chain)
-
-    op_id = await runner.operation(
-        "image-build", [], actor, f"{recipe} version {ver}", job, timeout_s=settings.images.build_timeout_s
-    )
+    spec = {"image_id": image_id, "recipe": recipe}
+    op_id = await runner.submit("image-build", [], actor, f"{recipe} version {ver}", spec=spec)
 
     def link() -> None:
         with session_scope(runner.engine) as s:
@@ -69,7 +67,27 @@ async def start(runner: Runner, recipe: str, version: str | None, actor: str) ->
     return recipe, ver, op_id
 
 
-async def build_job(runner: Runner, op_id: int, image_id: int, chain: list[image_recipe.Recipe]) -> None:
+async def _run(job: Job) -> None:
+    chain = await anyio.to_thread.run_sync(load_chain, job.settings, job.spec["recipe"])
+    await build_job(job, job.op_id, int(job.spec["image_id"]), chain)
+
+
+def _failed(s: Session, op: Operation, settings: Settings, why: str) -> None:
+    """A build that failed, was cancelled or lost its server: the image fails, its staging goes."""
+    image = s.get(svc.Image, int((op.spec or {}).get("image_id", 0)))
+    if image is not None and image.state == ImageState.BUILDING and op.id is not None:
+        svc.fail(s, image, why, svc.staging_dir(settings.images_dir, image.name, image.version, op.id))
+
+
+def _build_timeout(settings: Settings, _n: int) -> float:
+    return settings.images.build_timeout_s
+
+
+# a build runs in one worker thread that cannot be taken up elsewhere: a lost one fails its image
+HANDLER = Handler(_run, timeout=_build_timeout, on_error=_failed, resumable=False)
+
+
+async def build_job(runner: Job, op_id: int, image_id: int, chain: list[image_recipe.Recipe]) -> None:
     settings = runner.settings
     lines: list[str] = []
     state = {"progress": 0.0}
@@ -100,6 +118,7 @@ async def build_job(runner: Runner, op_id: int, image_id: int, chain: list[image
             text, lines[:] = "".join(lines), []
         with session_scope(runner.engine) as s:
             op = op_svc.get(s, op_id)
+            op_svc.fence(s, op)
             if text:
                 op.log = _bounded(op.log + text)
             op.progress_done = int(state["progress"] * PROGRESS_STEPS)
@@ -123,12 +142,13 @@ async def build_job(runner: Runner, op_id: int, image_id: int, chain: list[image
 
     def publish(result: imagebuild.BuildResult) -> None:
         with session_scope(runner.engine) as s:
+            op = op_svc.get(s, op_id)
+            op_svc.fence(s, op)  # a cancelled or lost build publishes nothing
             image = s.get(svc.Image, image_id)
             assert image is not None
             final = svc.publish(
                 s, image, staging, settings.images_dir, result.artifacts, result.manifest, settings.images.keep_versions
             )
-            op = op_svc.get(s, op_id)
             op.progress_done = PROGRESS_STEPS
             op.log = _bounded(op.log + f"published {name} version {version} in {final}; it is current\n")
             op_svc.finish(s, op)
@@ -163,7 +183,7 @@ async def build_job(runner: Runner, op_id: int, image_id: int, chain: list[image
         raise
 
 
-def _mark_interrupted(runner: Runner, image_id: int, staging: Path) -> None:
+def _mark_interrupted(runner: Job, image_id: int, staging: Path) -> None:
     try:
         with session_scope(runner.engine) as s:
             image = s.get(svc.Image, image_id)

@@ -1,7 +1,8 @@
 """Power operations and the periodic power-state read, both fanned out to BMCs with one concurrency cap.
 
-``bcm power on gpu[01-64]`` becomes an Operation (Runner.operation: node locks, row, per-node results,
-always released); one BMC that hangs or rejects its password fails only its own node.
+``bcm power on gpu[01-64]`` becomes an operation of kind ``power-on`` (the work engine: a lease, node
+locks, per-node results; resumable, so a reclaimed one acts on the nodes without a result only); one
+BMC that hangs or rejects its password fails only its own node.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from bcm.drivers.power import (
 from bcm.services import operations as op_svc
 from bcm.services import power as svc
 from bcm.settings import Settings
-from bcm.workers.runner import Runner
+from bcm.workers.job import Handler, Job, Starter
 from bcm.workers.supervise import supervise
 
 log = logging.getLogger("bcm.power")
@@ -123,11 +124,11 @@ async def fan_out(
     await asyncio.gather(*(one(t) for t in targets))
 
 
-def job_for(action: PowerAction) -> Any:
-    async def power_job(runner: Runner, op_id: int, names: list[str], actor: str) -> None:
-        await run_operation(runner.engine, runner.settings, op_id, names, action, actor)
+def handler(action: PowerAction) -> Handler:
+    async def power_job(job: Job) -> None:
+        await run_operation(job.engine, job.settings, job.op_id, job.names, action, job.actor)
 
-    return power_job
+    return Handler(power_job)
 
 
 async def run_operation(
@@ -181,9 +182,9 @@ async def run_operation(
     await anyio.to_thread.run_sync(finish)
 
 
-async def start(runner: Runner, action: PowerAction, names: list[str], actor: str, reason: str | None) -> int:
+async def start(runner: Starter, action: PowerAction, names: list[str], actor: str, reason: str | None) -> int:
     """Start a power operation; the nodes are locked until every BMC answered or timed out."""
-    return await runner.operation(f"power-{action.value}", names, actor, reason, job_for(action))
+    return await runner.submit(f"power-{action.value}", names, actor, reason)
 
 
 async def poll_once(engine: Engine, settings: Settings) -> int:

@@ -2,8 +2,8 @@
 
 A verb moves nodes to ``provisioning`` and queues them (one transaction). The Provisioner loop, every
 ``TICK_S`` and whenever woken: fails nodes past their deadline; starts the oldest queued nodes so that at
-most ``pxe.max_concurrent`` provision at once; for those, an Operation (Runner.operation: node locks, row,
-per-node results, always released) sets next boot to PXE through each BMC and power-cycles it. A BMC that
+most ``pxe.max_concurrent`` provision at once; for those, a ``provision`` operation (the work engine: a
+lease, node locks, per-node results) sets next boot to PXE through each BMC and power-cycles it. A BMC that
 refuses fails its node. The node's callback (``POST /boot/v1/hello``) moves it to ``booted``, and an SSH
 inventory with its pinned host key follows. Everything lives in the node rows, so a restarted server
 resumes waiting, and fails at once what timed out while it was down.
@@ -29,6 +29,8 @@ from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.services import pxe
 from bcm.settings import Settings
+from bcm.workers import power as power_worker
+from bcm.workers.job import Handler, Job, Starter
 from bcm.workers.supervise import cancel, supervise
 
 log = logging.getLogger("bcm.provision")
@@ -39,7 +41,7 @@ INVENTORY_RETRY_S = 3.0
 
 
 async def provision_verb(
-    runner: Any, verb: str, names: list[str], actor: str, reason: str | None, rekey: bool = False
+    runner: Starter, verb: str, names: list[str], actor: str, reason: str | None, rekey: bool = False
 ) -> VerbResult:
     """``provision``/``reimage``: legal for every node or for none; queued in the same transaction. With
     ``rekey`` (admin) bcm makes new host keys for them in that transaction too (``node.rekey`` events)."""
@@ -92,10 +94,7 @@ class Provisioner:
             await self.dhcp.sync()
         if started:
             try:
-                await self.runner.operation(
-                    "provision", started, ACTOR, "network boot", self._power_job,
-                    timeout_s=self.settings.power.timeout_s * (self.settings.power.retries + 1) * 2 + 60,
-                )  # fmt: skip
+                await self.runner.submit("provision", started, ACTOR, "network boot")
             except BcmError as exc:  # locked meanwhile: back in the queue for the next round
                 log.warning("provisioning %s waits: %s", ",".join(started), exc.message)
                 await anyio.to_thread.run_sync(self._unclaim, started)
@@ -108,22 +107,6 @@ class Provisioner:
                     node.provision_started_at = node.provision_deadline = None
                     s.add(node)
 
-    async def _power_job(self, runner: Any, op_id: int, names: list[str], actor: str) -> None:
-        from bcm.workers import power as power_worker
-
-        await power_worker.run_operation(self.engine, self.settings, op_id, names, PowerAction.PXE, actor)
-
-        def fail_refused() -> None:
-            with session_scope(self.engine) as s:
-                results = op_svc.get(s, op_id).results or {}
-                for node in node_svc.get_many(s, names):
-                    r = results.get(node.name) or {"status": "error", "message": "no answer recorded"}
-                    if r.get("status") != "ok" and node.provision_state == State.PROVISIONING.value:
-                        pxe.fail(s, node, f"provisioning: PXE power-cycle failed ({r.get('status')}): "
-                                 f"{r.get('message', '')}")  # fmt: skip
-
-        await anyio.to_thread.run_sync(fail_refused)
-
     def booted(self, name: str) -> None:
         """A node called back: inventory it over SSH (its pinned host key) once its locks are free."""
         task = asyncio.create_task(self._inventory(name), name=f"bcm-inventory-{name}")
@@ -133,7 +116,7 @@ class Provisioner:
     async def _inventory(self, name: str) -> None:
         for _ in range(INVENTORY_TRIES):
             try:
-                await self.runner.verb("inventory", [name], ACTOR, "booted: first inventory")
+                await self.runner.submit("inventory", [name], ACTOR, "booted: first inventory")
                 return
             except LockHeld:  # the power operation still holds the node
                 await asyncio.sleep(INVENTORY_RETRY_S)
@@ -141,6 +124,30 @@ class Provisioner:
                 log.warning("inventory of booted node %s did not start: %s", name, exc.message)
                 return
         log.warning("inventory of booted node %s did not start: the node stayed locked", name)
+
+
+async def _pxe_step(job: Job) -> None:
+    """The ``provision`` operation: next boot PXE and a power cycle through each BMC; a BMC that refuses
+    fails its node's provisioning."""
+    await power_worker.run_operation(job.engine, job.settings, job.op_id, job.names, PowerAction.PXE, job.actor)
+
+    def fail_refused() -> None:
+        with session_scope(job.engine) as s:
+            results = op_svc.get(s, job.op_id).results or {}
+            for node in node_svc.get_many(s, job.names):
+                r = results.get(node.name) or {"status": "error", "message": "no answer recorded"}
+                if r.get("status") != "ok" and node.provision_state == State.PROVISIONING.value:
+                    pxe.fail(s, node, f"provisioning: PXE power-cycle failed ({r.get('status')}): "
+                             f"{r.get('message', '')}")  # fmt: skip
+
+    await anyio.to_thread.run_sync(fail_refused)
+
+
+def _pxe_timeout(settings: Settings, _n: int) -> float:
+    return settings.power.timeout_s * (settings.power.retries + 1) * 2 + 60
+
+
+PXE_STEP = Handler(_pxe_step, timeout=_pxe_timeout)
 
 
 def make_dhcp(engine: Engine, settings: Settings) -> dnsmasq.Supervisor:

@@ -1,193 +1,356 @@
-"""Background operations: persisted Operation rows, run as asyncio tasks in the server process.
+"""The work engine: operations created, claimed under a lease, run, renewed, reclaimed and closed.
 
-A verb that starts work (``inventory`` …) is registered here with a job function; plain verbs
-are applied at once in one transaction. An operation's life: its row and its node locks (owned by
-``op-<id>``, for as long as its own timeout) are written in one transaction; the job runs; it ends
-finished, failed (an error or its timeout), cancelled (``bcm op cancel``) or interrupted (the server
-stopped: SIGTERM, or a dead server found by the next start or by another server's heartbeat check),
-and its locks are released in every case.
+Every long verb is an Operation row run by a handler from one table (:mod:`bcm.workers.verbs`);
+this module knows no verb. ``submit`` writes the row, takes its lease for this server
+(:func:`bcm.workers.identity.server_id`) and locks its nodes for as long as the lease, in one
+transaction, then runs the handler in a task bounded by the operation's timeout. Every
+``lease_s / 3`` the runner renews the leases (and node locks) of the operations whose task is still
+alive here — only those — and takes up open operations whose lease has lapsed, wherever they ran
+(``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one server, which at start takes up whatever
+was left open): a resumable handler runs again for the nodes that have no result yet (results
+already stored stay), any other fails them with the reason. An operation ends succeeded, partial,
+failed (an error, its timeout) or cancelled (``bcm op cancel``, from any server); a job that lost its
+operation (cancelled, or taken by another server after its lease lapsed) writes nothing more. At
+shutdown its operations are handed back (lease lapsed now) for the next server, or the restarted
+one, to take up. Result writes that meet a database outage are retried with backoff for as long
+as the lease lasts; past it, the reclaim cleans up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
-import socket
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from bcm import db_errors
 from bcm.db import session_scope
-from bcm.domain.naming import fold_hostlist
-from bcm.errors import BcmError
+from bcm.domain.naming import expand_hostlist, fold_hostlist
+from bcm.errors import BcmError, InvalidInput, Unavailable
 from bcm.models.base import utcnow
 from bcm.models.node import VerbResult
-from bcm.models.operation import Operation, OpState
-from bcm.services import health as health_svc
+from bcm.models.operation import Operation
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.settings import Settings
+from bcm.workers import identity, verbs
+from bcm.workers.job import Handler, Job
 
 log = logging.getLogger("bcm.workers")
 
-# job(runner, op_id, names, actor) -> None; it records results and finishes the operation itself
-Job = Callable[["Runner", int, list[str], str], Awaitable[None]]
-# setup(session, op) -> names to lock (None: the names given), in the transaction that creates the
-# operation; raising there creates nothing (a 404/409 for the caller)
-Setup = Callable[[Session, Operation], "list[str] | None"]
-# on_error(session, message): in the transaction that fails the operation (an error or its timeout)
-OnError = Callable[[Session, str], None]
-JOBS: dict[str, Job] = {}
-# how long a job may run for n nodes (its node locks last as long, plus a margin)
-Timeout = Callable[[Settings, int], float]
-TIMEOUTS: dict[str, Timeout] = {}
-LOCK_MARGIN_S = 60.0
-HEARTBEAT_S = 10.0
-SILENT_S = 60.0  # an open operation whose server has not said it is alive for this long is interrupted
+LEASE_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
+RETRY_FIRST_S = 0.25
 
 
-def fan_out_timeout(settings: Settings, n: int) -> float:
-    """SSH fan-out: every batch of ``concurrency`` hosts may take a connect and a command timeout."""
-    batches = max(1, math.ceil(n / settings.ssh.concurrency))
-    return batches * (settings.ssh.connect_timeout_s + settings.ssh.command_timeout_s) + 60.0
-
-
-def job(verb: str, timeout: Timeout = fan_out_timeout) -> Callable[[Job], Job]:
-    """Register the background job that a verb starts, and how long it may run."""
-
-    def register(fn: Job) -> Job:
-        JOBS[verb] = fn
-        TIMEOUTS[verb] = timeout
-        return fn
-
-    return register
-
-
-def _dead_here(runner: str | None) -> bool:
-    """A runner of this host whose process is gone (or is this process's earlier life, same pid)."""
-    host, _, rest = (runner or "").partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname()[:64] or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return runner != op_svc.PROCESS_ID
+def lease_seconds() -> float:
+    """An operation's lease: ``BCM_OPS__LEASE_S`` (default 30 s). A server that cannot renew within it
+    loses its operations to the next server that looks."""
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+        value = float(os.environ.get("BCM_OPS__LEASE_S", LEASE_S))
+    except ValueError:
+        return LEASE_S
+    return value if 0.5 <= value <= 3600 else LEASE_S
 
 
 class Runner:
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        handlers: Mapping[str, Handler] | None = None,
+        *,
+        server: str | None = None,
+        lease_s: float | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.engine = engine
         self.settings = settings
+        self.handlers = verbs.HANDLERS if handlers is None else handlers
+        self.server = server or identity.server_id()
+        self.lease_s = lease_s or lease_seconds()
+        self.clock = clock
         self.tasks: set[asyncio.Task[None]] = set()
         self.running: dict[int, asyncio.Task[None]] = {}
-        self._heartbeat: asyncio.Task[None] | None = None
+        self.held: dict[int, datetime] = {}  # op id -> when its lease lapses, as last renewed
+        self._beat: asyncio.Task[None] | None = None
+        self._stopping = False
         self.provisioner: Any = None  # bcm.workers.provision.Provisioner, set by the app
 
-    async def start(self) -> None:
-        """Size the worker threads to the pool; interrupt what dead servers left; start the heartbeat."""
-        anyio.to_thread.current_default_thread_limiter().total_tokens = self.settings.db.threads
-        await anyio.to_thread.run_sync(self._reconcile, True)
-        self._heartbeat = asyncio.create_task(self._beat_forever(), name="bcm-op-heartbeat")
+    # ---- the server's life --------------------------------------------------------------------
 
-    def _reconcile(self, at_start: bool) -> list[int]:
-        """Interrupt operations whose server is gone; returns this process's open operations."""
-        # one SQLite file has one server: at start, whatever is open was left by a dead one
-        everything = at_start and self.engine.dialect.name == "sqlite"
-        silent_since = None if everything else utcnow() - timedelta(seconds=SILENT_S)
+    async def start(self) -> None:
+        """Size the worker threads to the pool; take up what dead servers left; renew from now on."""
+        anyio.to_thread.current_default_thread_limiter().total_tokens = self.settings.db.threads
+        await anyio.to_thread.run_sync(self._adopt_at_start)
+        await self.tick()
+        self._beat = asyncio.create_task(self._beat_forever(), name="bcm-op-leases")
+
+    def _adopt_at_start(self) -> None:
+        """One SQLite file has one server: whatever is open was left by a dead one. On PostgreSQL, only
+        the operations of this host's dead processes are handed back at once; the others wait for
+        their leases to lapse."""
+        everything = self.engine.dialect.name == "sqlite"
         with session_scope(self.engine) as s:
-            mine = op_svc.heartbeat(s)
-            candidates = op_svc.orphans(s, silent_since=None)
-            for op in candidates:
-                silent = op.heartbeat_at is None or silent_since is None or op.heartbeat_at < silent_since
-                if everything or silent or _dead_here(op.runner):
-                    why = f"interrupted: its server ({op.runner or 'unknown'}) stopped while it ran"
-                    log.warning("operation %s %s %s", op.id, op.kind, why)
-                    op_svc.close(s, op, OpState.INTERRUPTED, why)
-        return mine
+            for op in op_svc.open_held(s):
+                if op.owner and (everything or identity.dead_here(op.owner)):
+                    op_svc.release(s, op, op.owner, self.clock())
 
     async def _beat_forever(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.lease_s / 3)
             try:
-                still_open = set(await anyio.to_thread.run_sync(self._reconcile, False))
+                await self.tick()
             except Exception as exc:  # the database may be away for a while; the next beat retries
-                log.warning("operation heartbeat failed: %s", type(exc).__name__)
-                continue
-            for op_id, task in list(self.running.items()):
-                if op_id not in still_open:  # cancelled or interrupted elsewhere (another server)
-                    task.cancel()
+                log.warning("operation leases: %s", type(exc).__name__)
 
-    async def verb(self, verb: str, names: list[str], actor: str, reason: str | None) -> VerbResult:
-        if verb in ("provision", "reimage"):  # queued for the Provisioner (bcm.workers.provision)
-            from bcm.workers.provision import provision_verb
+    async def tick(self) -> list[int]:
+        """Renew the leases of live tasks (a task whose lease is gone is stopped); take up lapsed
+        operations. Returns the operations taken up."""
+        now = self.clock()
+        until = now + timedelta(seconds=self.lease_s)
+        alive = [i for i, t in self.running.items() if not t.done()]
 
-            return await provision_verb(self, verb, names, actor, reason)
-        if verb in JOBS:
-            timeout_s = TIMEOUTS[verb](self.settings, len(names))
-            op_id, names = await anyio.to_thread.run_sync(self._start_job, verb, names, actor, reason, timeout_s)
-            self._spawn(op_id, self._run(JOBS[verb], op_id, names, actor, timeout_s))
-            return VerbResult(
-                verb=verb, nodes=[{"name": n, "status": "started"} for n in names], operation_id=op_id
-            )
-        if verb in ("drain", "resume"):
-            await self._through_workload_manager(verb, names, actor, reason)
-        moved = await anyio.to_thread.run_sync(self._apply, verb, names, actor, reason)
-        return VerbResult(verb=verb, nodes=moved)
+        def renew() -> set[int]:
+            with session_scope(self.engine) as s:
+                return op_svc.renew(s, self.server, alive, until, now)
 
-    async def operation(
+        renewed = await anyio.to_thread.run_sync(renew)
+        for op_id in alive:
+            if op_id in renewed:
+                self.held[op_id] = until
+            else:  # cancelled, ended, or lapsed and perhaps taken elsewhere: not ours to run any more
+                log.warning("operation %s: lease lost; its task here stops", op_id)
+                self.running[op_id].cancel()
+        if self._stopping:
+            return []
+        taken = await anyio.to_thread.run_sync(self._reclaim, now, until)
+        for job, handler, bound_s in taken:
+            self._spawn(job, handler, bound_s, until)
+        return [job.op_id for job, _, _ in taken]
+
+    def _deadline(self, op: Operation, handler: Handler | None) -> datetime:
+        bound = handler.timeout(self.settings, op.progress_total) if handler else 0.0
+        return op.created_at + timedelta(seconds=bound)
+
+    def _reclaim(self, now: datetime, until: datetime) -> list[tuple[Job, Handler, float]]:
+        out: list[tuple[Job, Handler, float]] = []
+        with session_scope(self.engine) as s:
+            for op in op_svc.reclaimable(s, now):
+                assert op.id is not None
+                task = self.running.get(op.id)
+                if task is not None and not task.done():
+                    continue  # its task here is still stopping: the next beat
+                was = op.owner or "a server that stopped"
+                if not op_svc.take(s, op, self.server, until, now):
+                    continue
+                handler = self.handlers.get(op.kind)
+                names = expand_hostlist(op.targets) if op.targets else []
+                left = [n for n in names if n not in (op.results or {})]
+                deadline = self._deadline(op, handler)
+                why = None
+                if handler is None:
+                    why = f"interrupted: its server ({was}) went away and this server has no handler for {op.kind}"
+                elif deadline <= now:
+                    why = f"timed out: its server ({was}) went away and its time is up"
+                elif not handler.resumable:
+                    why = f"interrupted: its server ({was}) went away; {op.kind} is not resumed"
+                if why is not None:
+                    log.warning("operation %s %s %s", op.id, op.kind, why)
+                    op_svc.add_results(s, op, {n: {"status": "interrupted", "message": why} for n in left})
+                    if handler is not None and handler.on_error is not None:
+                        handler.on_error(s, op, self.settings, why)
+                    op_svc.finish(s, op, why)
+                    continue
+                assert handler is not None
+                held = op_svc.relock(s, op, left, until, now)
+                lost = {
+                    n: {"status": "locked", "message": "another operation locked it while this one's server was away"}
+                    for n in left
+                    if n not in held
+                }
+                line = f"taken up by {self.server} (claim {op.claims}) from {was}: {len(held)} of {len(names)} nodes to go\n"
+                op_svc.add_results(s, op, lost, line)
+                log.warning("operation %s %s %s", op.id, op.kind, line.strip())
+                if names and not held:
+                    op_svc.finish(s, op)
+                    continue
+                job = Job(self.engine, self.settings, op.id, held, op.created_by or "bcm", dict(op.spec or {}), op.claims)
+                out.append((job, handler, (deadline - now).total_seconds()))
+        return out
+
+    async def shutdown(self) -> None:
+        """Stop every job and hand its operation back (lease lapsed now) for the next server to take up."""
+        self._stopping = True
+        if self._beat is not None:
+            self._beat.cancel()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=SHUTDOWN_GRACE_S)
+        try:
+            with session_scope(self.engine) as s:
+                for op in op_svc.open_held(s, self.server):
+                    op_svc.release(s, op, self.server, self.clock())
+                    log.info("operation %s %s handed back: this server stops", op.id, op.kind)
+        except Exception as exc:  # the database may be gone too: the leases lapse by themselves
+            log.warning("could not hand back operations at shutdown: %s", type(exc).__name__)
+
+    # ---- operations -----------------------------------------------------------------------------
+
+    async def submit(
         self,
         kind: str,
         names: list[str],
         actor: str,
-        reason: str | None,
-        fn: Job,
-        timeout_s: float | None = None,
+        reason: str | None = None,
         *,
-        setup: Setup | None = None,
-        on_error: OnError | None = None,
+        spec: dict[str, Any] | None = None,
+        extra: Any = None,
     ) -> int:
-        """Run ``fn`` as an operation that moves no lifecycle state (power, deploys …).
-
-        One transaction creates the row, runs ``setup`` (which may name the nodes to lock) and locks
-        the nodes for ``timeout_s`` plus a margin; then ``fn`` runs in a task bounded by ``timeout_s``.
-        Whatever ends it (its own finish, an error, its timeout, a cancel, the server stopping), the
-        operation is closed and the locks are released; ``on_error`` settles what the job leaves behind
-        when it fails.
-        """
-        timeout_s = timeout_s or fan_out_timeout(self.settings, len(names))
-        op_id, names = await anyio.to_thread.run_sync(
-            self._start_job, kind, names, actor, reason, timeout_s, False, setup
+        """Start an operation of ``kind`` on ``names``; its setup's refusal (404/409) comes back here."""
+        handler = self.handlers.get(kind)
+        if handler is None:
+            raise InvalidInput(f"kind: no operation {kind!r}", field="kind")
+        job, bound_s, until = await anyio.to_thread.run_sync(
+            self._create, kind, handler, names, actor, reason, spec or {}, extra
         )
-        self._spawn(op_id, self._run(fn, op_id, names, actor, timeout_s, on_error))
-        return op_id
+        self._spawn(job, handler, bound_s, until)
+        return job.op_id
 
-    def _spawn(self, op_id: int, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
+    async def verb(self, verb: str, names: list[str], actor: str, reason: str | None) -> VerbResult:
+        """A node verb, as the verb table says it is done (an operation, a queue, or at once)."""
+        return await verbs.node_verb(self, verb, names, actor, reason)
+
+    def _create(
+        self,
+        kind: str,
+        handler: Handler,
+        names: list[str],
+        actor: str,
+        reason: str | None,
+        spec: dict[str, Any],
+        extra: Any,
+    ) -> tuple[Job, float, datetime]:
+        """The row, its lease and its node locks in one transaction (in a worker thread)."""
+        with session_scope(self.engine) as s:
+            op = op_svc.create(s, kind, fold_hostlist(names), len(names), actor, spec)
+            op.log = f"{kind} {fold_hostlist(names)} by {actor}" + (f": {reason}" if reason else "") + "\n"
+            assert op.id is not None
+            if handler.setup is not None and (chosen := handler.setup(s, op, extra)) is not None:
+                names = chosen
+                op.targets, op.progress_total = fold_hostlist(names), len(names)
+            s.add(op)
+            now = self.clock()
+            until = now + timedelta(seconds=self.lease_s)
+            op_svc.take(s, op, self.server, until, now)
+            owner = op_svc.lock_owner(op.id)
+            # lock first, then check legality: nothing starts if any node may not take the verb
+            node_svc.acquire_locks(s, names, owner, ttl_s=self.lease_s)
+            if handler.moves_state:
+                for node, target in node_svc.check_verb(s, names, kind, lock_owner=owner):
+                    node.target_state = target.value
+                    s.add(node)
+            job = Job(self.engine, self.settings, op.id, names, actor, dict(op.spec or {}), op.claims)
+            return job, handler.timeout(self.settings, len(names)), until
+
+    def _spawn(self, job: Job, handler: Handler, bound_s: float, until: datetime) -> None:
+        self.held[job.op_id] = until
+        task = asyncio.ensure_future(self._run(job, handler, bound_s))
         self.tasks.add(task)
-        self.running[op_id] = task
-        task.add_done_callback(self.tasks.discard)
-        task.add_done_callback(lambda _t: self.running.pop(op_id, None))
+        self.running[job.op_id] = task
+
+        def gone(t: asyncio.Task[None]) -> None:
+            self.tasks.discard(t)
+            if self.running.get(job.op_id) is t:
+                self.running.pop(job.op_id, None)
+                self.held.pop(job.op_id, None)
+
+        task.add_done_callback(gone)
+
+    async def _run(self, job: Job, handler: Handler, bound_s: float) -> None:
+        op_svc.HOLDER.set(op_svc.Holder(self.server, job.claims))  # this task's writes are fenced by it
+        try:
+            async with asyncio.timeout(max(bound_s, 0.001)):
+                await handler.run(job)
+            await self._settle(job, self._finish_open, job.op_id)
+        except TimeoutError:
+            log.warning("operation %s timed out after %.0f s", job.op_id, bound_s)
+            await self._settle(job, self._fail, job.op_id, f"timed out after {bound_s:.0f} s", handler)
+        except asyncio.CancelledError:
+            raise  # cancelled, lost, or this server stops: the row says what happens next, not this task
+        except op_svc.LeaseLost:
+            log.info("operation %s: ended or taken elsewhere; its task here stops", job.op_id)
+        except Exception as exc:
+            err = exc if isinstance(exc, BcmError) else db_errors.translate(exc)
+            if isinstance(err, Unavailable) and handler.resumable:
+                # the database went away under the job: hand it back, the next look resumes it
+                log.warning("operation %s: database unavailable; handed back to resume", job.op_id)
+                await self._settle(job, self._hand_back, job.op_id)
+                return
+            if err is None:  # a job bug must still close its operation
+                log.exception("operation %s failed", job.op_id)
+            message = err.message if err is not None else f"{type(exc).__name__}: {exc}"
+            await self._settle(job, self._fail, job.op_id, message, handler)
+
+    async def _settle(self, job: Job, fn: Callable[..., None], *args: Any) -> None:
+        """Write an operation's end, retried with backoff while the database is away, for as long as
+        this server's lease on it lasts; past it, the operation is another server's (or the next
+        look's) to take up."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                await anyio.to_thread.run_sync(fn, *args)
+                return
+            except op_svc.LeaseLost:
+                return
+            except Exception as exc:
+                if not isinstance(db_errors.translate(exc), Unavailable):
+                    log.exception("operation %s: could not record its end", job.op_id)
+                    return
+                lapses = self.held.get(job.op_id)
+                if lapses is None or self.clock() >= lapses:
+                    log.warning("operation %s: database away past its lease; left to be taken up", job.op_id)
+                    return
+                log.warning("operation %s: database away (%s); retrying", job.op_id, type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.lease_s / 4)
+
+    def _finish_open(self, op_id: int) -> None:
+        with session_scope(self.engine) as s:
+            op = op_svc.get(s, op_id)
+            if not op_svc.is_finished(op):
+                op_svc.finish(s, op)
+
+    def _fail(self, op_id: int, error: str, handler: Handler) -> None:
+        with session_scope(self.engine) as s:
+            op = op_svc.get(s, op_id)
+            if op_svc.is_finished(op):
+                return
+            op_svc.fence(s, op)
+            if handler.on_error is not None:
+                handler.on_error(s, op, self.settings, error)
+            op_svc.finish(s, op, error)
+
+    def _hand_back(self, op_id: int) -> None:
+        with session_scope(self.engine) as s:
+            op_svc.release(s, op_svc.get(s, op_id), self.server, self.clock())
 
     async def cancel(self, op_id: int, actor: str) -> None:
-        """Stop an operation: closed as cancelled, locks released; its task here (if any) is stopped."""
+        """Stop an operation wherever it runs: it ends cancelled, its locks released; a task of it here
+        stops now, one on another server at that server's next renewal."""
 
         def close() -> None:
             with session_scope(self.engine) as s:
-                op_svc.cancel(s, op_id, actor)
+                op = op_svc.cancel(s, op_id, actor)
+                handler = self.handlers.get(op.kind)
+                if handler is not None and handler.on_error is not None:
+                    handler.on_error(s, op, self.settings, op.error or "cancelled")
 
         await anyio.to_thread.run_sync(close)
         task = self.running.get(op_id)
@@ -195,131 +358,4 @@ class Runner:
             task.cancel()
             await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
 
-    async def _through_workload_manager(
-        self, verb: str, names: list[str], actor: str, reason: str | None
-    ) -> None:
-        """Nodes in a deployed cluster are drained/resumed in its workload manager first (with a reason
-        marked as bcm's: ``bcm: …`` in Slurm).
 
-        Legality is checked before the workload manager is touched; if it fails, bcm's own state is
-        left as it was.
-        """
-        from bcm.services import wlm as wlm_svc
-        from bcm.workers import wlm as wlm_worker
-
-        def members() -> list[str]:
-            with session_scope(self.engine) as s:
-                node_svc.check_verb(s, names, verb)
-                return wlm_svc.wlm_members(s, names)
-
-        in_wlm = await anyio.to_thread.run_sync(members)
-        if not in_wlm:
-            return
-        if verb == "drain":
-            await wlm_worker.drain(self.engine, self.settings, in_wlm, reason or "drained by an admin", actor)
-        else:
-            await wlm_worker.resume(self.engine, self.settings, in_wlm, actor)
-
-    def _apply(self, verb: str, names: list[str], actor: str, reason: str | None) -> list[dict[str, Any]]:
-        with session_scope(self.engine) as s:
-            nodes = node_svc.apply_verb(s, names, verb, actor, reason)
-            if verb in ("drain", "resume") and actor != health_svc.ACTOR:
-                # an admin's own drain or resume takes over from bcm's (it will not undo or redo it)
-                health_svc.note_admin_verb(s, [n.id for n in nodes if n.id is not None], verb)
-            return [{"name": n.name, "status": "ok", "state": n.provision_state} for n in nodes]
-
-    def _start_job(
-        self,
-        verb: str,
-        names: list[str],
-        actor: str,
-        reason: str | None,
-        timeout_s: float,
-        transition: bool = True,
-        setup: Setup | None = None,
-    ) -> tuple[int, list[str]]:
-        """Record the operation and lock its nodes in one transaction (in a worker thread)."""
-        with session_scope(self.engine) as s:
-            op = op_svc.create(s, verb, fold_hostlist(names), len(names), actor)
-            op.log = f"{verb} {fold_hostlist(names)} by {actor}" + (f": {reason}" if reason else "") + "\n"
-            assert op.id is not None
-            if setup is not None and (chosen := setup(s, op)) is not None:
-                names = chosen
-                op.targets, op.progress_total = fold_hostlist(names), len(names)
-                s.add(op)
-            owner = op_svc.lock_owner(op.id)
-            # lock first, then check legality: nothing starts if any node may not take the verb
-            node_svc.acquire_locks(s, names, owner, ttl_s=timeout_s + LOCK_MARGIN_S)
-            moves = node_svc.check_verb(s, names, verb, lock_owner=owner) if transition else []
-            for node, target in moves:
-                node.target_state = target.value
-                s.add(node)
-            return op.id, names
-
-    async def _run(
-        self, fn: Job, op_id: int, names: list[str], actor: str, timeout_s: float, on_error: OnError | None = None
-    ) -> None:
-        owner = op_svc.lock_owner(op_id)
-        cancelled = False
-        try:
-            async with asyncio.timeout(timeout_s):
-                await fn(self, op_id, names, actor)
-        except TimeoutError:
-            log.warning("operation %s timed out after %.0f s", op_id, timeout_s)
-            await anyio.to_thread.run_sync(self._fail, op_id, f"timed out after {timeout_s:.0f} s", on_error)
-        except asyncio.CancelledError:
-            # stopping (SIGTERM) or cancelled: close it here and now, without waiting for a thread
-            cancelled = True
-            self._close(op_id, names, "interrupted: the server stopped while it ran")
-            raise
-        except BcmError as exc:  # a job's own refusal: its message, no traceback
-            await anyio.to_thread.run_sync(self._fail, op_id, exc.message, on_error)
-        except Exception as exc:  # a job bug must still close its operation
-            log.exception("operation %s failed", op_id)
-            err = db_errors.translate(exc)
-            message = err.message if err is not None else f"{type(exc).__name__}: {exc}"
-            await anyio.to_thread.run_sync(self._fail, op_id, message, on_error)
-        finally:
-            if not cancelled:
-                await anyio.to_thread.run_sync(self._release, names, owner)
-
-    def _fail(self, op_id: int, error: str, on_error: OnError | None = None) -> None:
-        with session_scope(self.engine) as s:
-            op = op_svc.get(s, op_id)
-            if not op_svc.is_finished(op):
-                op_svc.finish(s, op, error)
-            if on_error is not None:
-                on_error(s, error)
-
-    def _close(self, op_id: int, names: list[str], why: str) -> None:
-        try:
-            with session_scope(self.engine) as s:
-                op = op_svc.get(s, op_id)
-                if not op_svc.is_finished(op):  # a cancel has closed it already
-                    op_svc.close(s, op, OpState.INTERRUPTED, why)
-                node_svc.release_locks(s, names, op_svc.lock_owner(op_id))
-        except Exception as exc:  # the database may be gone too; the next start interrupts it then
-            log.warning("could not close operation %s: %s", op_id, type(exc).__name__)
-
-    def _release(self, names: list[str], owner: str) -> None:
-        try:
-            with session_scope(self.engine) as s:
-                node_svc.release_locks(s, names, owner)
-        except Exception as exc:  # see _close; lock TTLs bound the damage
-            log.warning("could not release the locks of %s: %s", owner, type(exc).__name__)
-
-    async def shutdown(self) -> None:
-        """Stop every job: each closes its operation as interrupted; whatever is still open is closed."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-        for task in list(self.tasks):
-            task.cancel()
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=SHUTDOWN_GRACE_S)
-        try:
-            with session_scope(self.engine) as s:  # jobs started outside the Runner's lifecycle too
-                for op_id in op_svc.heartbeat(s):
-                    op = op_svc.get(s, op_id)
-                    op_svc.close(s, op, OpState.INTERRUPTED, "interrupted: the server stopped while it ran")
-        except Exception as exc:
-            log.warning("could not close open operations at shutdown: %s", type(exc).__name__)

@@ -1,7 +1,10 @@
 """Tenancy on the running workload manager: plan (a diff, nothing changed), apply (idempotent), usage.
 
 Each asks the cluster's :class:`~bcm.drivers.wlm.WorkloadManager` by its kind; the database is read
-in short transactions, never held across SSH.
+in short transactions, never held across SSH. Apply is a ``tenancy.apply`` operation like every long
+verb: the cluster's nodes locked under its lease, bounded in time, one result per node (its Unix
+users made), the plan it ran as the operation's ``outcome``; resumable, since applying again changes
+nothing that is already right.
 """
 
 from __future__ import annotations
@@ -11,14 +14,19 @@ from typing import Any
 
 import anyio
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 
 from bcm.db import session_scope
 from bcm.drivers import wlm
 from bcm.drivers.ssh import SshClient, Target
+from bcm.errors import BcmError
+from bcm.models.operation import Operation
 from bcm.services import events
+from bcm.services import operations as op_svc
 from bcm.services import tenancy as svc
 from bcm.services import wlm as wlm_svc
 from bcm.settings import Settings
+from bcm.workers.job import Handler, Job, Starter, fan_out_timeout
 
 
 def _load(engine: Engine, settings: Settings, cluster: str | None) -> dict[str, Any]:
@@ -69,7 +77,58 @@ async def plan(engine: Engine, settings: Settings, cluster: str | None) -> dict[
     return _public(result)
 
 
+async def start_apply(runner: Starter, cluster: str | None, actor: str) -> dict[str, Any]:
+    """Start ``tenancy.apply`` on the cluster (default: the only one); 404 when there is none."""
+    op_id = await runner.submit("tenancy.apply", [], actor, None, extra=cluster)
+
+    def picked() -> str:
+        with session_scope(runner.engine) as s:
+            return str((op_svc.get(s, op_id).spec or {})["cluster"])
+
+    return {"cluster": await anyio.to_thread.run_sync(picked), "operation_id": op_id}
+
+
+def _apply_setup(s: Session, op: Operation, cluster: Any) -> list[str]:
+    row = wlm_svc.pick(s, cluster)
+    ctl = wlm_svc.controller_target(s, row)[0]
+    op.spec = {"cluster": row.name}
+    return list(dict.fromkeys([ctl, *wlm_svc.member_names(s, row)]))
+
+
+async def _apply_run(job: Job) -> None:
+    def begin() -> None:
+        with session_scope(job.engine) as s:
+            op_svc.start(s, op_svc.get(s, job.op_id))
+
+    await anyio.to_thread.run_sync(begin)
+    try:
+        result = await apply(job.engine, job.settings, job.spec["cluster"], job.actor)
+    except BcmError as exc:
+        failed = {n: {"status": "failed", "message": exc.message} for n in job.names}
+        await anyio.to_thread.run_sync(_record, job, failed, None, exc.message)
+        return
+    done = {n: {"status": "ok", "message": "users and accounts applied"} for n in job.names}
+    await anyio.to_thread.run_sync(_record, job, done, result, None)
+
+
+def _record(job: Job, results: dict[str, dict[str, Any]], outcome: dict[str, Any] | None, error: str | None) -> None:
+    with session_scope(job.engine) as s:
+        op = op_svc.get(s, job.op_id)
+        changes = len(outcome["changes"]) if outcome else 0
+        op_svc.add_results(s, op, results, f"{changes} changes\n" if outcome else "")
+        op.outcome = outcome
+        op_svc.finish(s, op, error)
+
+
+def _apply_timeout(settings: Settings, n: int) -> float:
+    return fan_out_timeout(settings, n) + settings.ssh.command_timeout_s * 4  # the controller's steps
+
+
+APPLY = Handler(_apply_run, timeout=_apply_timeout, setup=_apply_setup)
+
+
 async def apply(engine: Engine, settings: Settings, cluster: str | None, actor: str) -> dict[str, Any]:
+    """Make the members' users and run the plan now (the body of a ``tenancy.apply`` operation)."""
     got = await anyio.to_thread.run_sync(_load, engine, settings, cluster)
     manager = wlm.get(got["kind"])
     previous = svc.previous(settings.state_dir, got["cluster"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -30,7 +31,7 @@ from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.services import wlm as svc
 from bcm.settings import Settings
-from bcm.workers.runner import Runner
+from bcm.workers.job import Handler, Job, Starter
 
 log = logging.getLogger("bcm.wlm")
 
@@ -59,39 +60,55 @@ def _controller(engine: Engine, settings: Settings, name: str) -> tuple[wlm.Work
 # ---- deploy ----------------------------------------------------------------------------------------
 
 
-async def start_deploy(runner: Runner, kind: str, req: WlmDeployRequest, actor: str) -> WlmStarted:
+async def start_deploy(runner: Starter, kind: str, req: WlmDeployRequest, actor: str) -> WlmStarted:
     """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background.
 
-    The operation's lifecycle is the Runner's (:meth:`bcm.workers.runner.Runner.operation`): its row and
-    the locks of the controller and members in one transaction, a bound on its time, and whatever ends
-    it, the locks released; a failed deploy also leaves the cluster ``failed``, never ``deploying``.
+    A ``wlm.deploy`` operation: its row, lease and the locks of the controller and members in one
+    transaction (``_deploy_setup``), a bound on its time; a failed or cancelled deploy leaves the
+    cluster ``failed``, never ``deploying``. Resumable: Ansible's roles are idempotent, so a deploy
+    whose server went away runs again on the server that takes it up.
     """
-    settings = runner.settings
-
-    def setup(s: Session, op: Operation) -> list[str]:
-        row = svc.plan_deploy(s, kind, req, actor)
-        ctl = svc.controller_target(s, row)[0]
-        members = svc.member_names(s, row)
-        svc.keep_secrets(settings.state_dir, kind, req)
-        op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {fold_hostlist(members)} by {actor}\n"
-        row.last_deploy_op = op.id
-        s.add(row)
-        return list(dict.fromkeys([ctl, *members]))
-
-    def failed(s: Session, message: str) -> None:
-        if svc.get(s, req.name).state == WlmState.DEPLOYING:
-            svc.finish_deploy(s, req.name, ok_nodes=[], failed={}, error=message, actor="bcm")
-
-    async def job(r: Runner, op_id: int, _hosts: list[str], job_actor: str) -> None:
-        await _deploy(r, op_id, req, job_actor)
-
-    op_id = await runner.operation(
-        "wlm.deploy", [], actor, None, job, OPERATION_TIMEOUT_S, setup=setup, on_error=failed
+    spec = {"cluster": req.name, "verify": req.verify}
+    op_id = await runner.submit(
+        "wlm.deploy", [], actor, None, spec=spec, extra=(kind, req, actor, runner.settings.state_dir)
     )
     return WlmStarted(cluster=req.name, operation_id=op_id)
 
 
-async def _deploy(runner: Any, op_id: int, req: WlmDeployRequest, actor: str) -> None:
+def _deploy_setup(s: Session, op: Operation, extra: Any) -> list[str]:
+    kind, req, actor, state_dir = extra
+    row = svc.plan_deploy(s, kind, req, actor)
+    ctl = svc.controller_target(s, row)[0]
+    members = svc.member_names(s, row)
+    svc.keep_secrets(state_dir, kind, req)  # the secrets stay on disk, never in the operation's spec
+    op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {fold_hostlist(members)} by {actor}\n"
+    row.last_deploy_op = op.id
+    s.add(row)
+    return list(dict.fromkeys([ctl, *members]))
+
+
+def _deploy_failed(s: Session, op: Operation, _settings: Settings, message: str) -> None:
+    name = str((op.spec or {}).get("cluster"))
+    if svc.get(s, name).state == WlmState.DEPLOYING:
+        svc.finish_deploy(s, name, ok_nodes=[], failed={}, error=message, actor="bcm")
+
+
+@dataclass(frozen=True)
+class _DeploySpec:
+    name: str
+    verify: bool
+
+
+async def _deploy_run(job: Job) -> None:
+    await _deploy(job, job.op_id, _DeploySpec(job.spec["cluster"], bool(job.spec["verify"])), job.actor)
+
+
+DEPLOY = Handler(
+    _deploy_run, timeout=lambda _s, _n: OPERATION_TIMEOUT_S, setup=_deploy_setup, on_error=_deploy_failed
+)
+
+
+async def _deploy(runner: Job, op_id: int, req: _DeploySpec, actor: str) -> None:
     engine, settings = runner.engine, runner.settings
 
     def plan() -> tuple[wlm.WorkloadManager, wlm.DeployPlan]:
@@ -218,29 +235,42 @@ def _store_states(engine: Engine, name: str, states: dict[str, str]) -> None:
 # ---- verify ----------------------------------------------------------------------------------------
 
 
-async def start_verify(runner: Runner, name: str | None, actor: str) -> WlmStarted:
+async def start_verify(runner: Starter, name: str | None, actor: str) -> WlmStarted:
     """A verification job on a deployed cluster (no node locks: it only submits a job)."""
-    picked: list[str] = []
+    op_id = await runner.submit("wlm.verify", [], actor, None, extra=name)
 
-    def setup(s: Session, op: Operation) -> None:
-        row = svc.pick(s, name)
-        if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
-            raise Conflict(f"cluster {row.name} is {row.state}: deploy it before verifying")
-        members = svc.member_names(s, row)
-        op.targets, op.progress_total = fold_hostlist(members), len(members)
-        op_svc.start(s, op)
-        row.last_verify_op = op.id
-        s.add(row)
-        picked.append(row.name)
+    def picked() -> str:
+        with session_scope(runner.engine) as s:
+            return str((op_svc.get(s, op_id).spec or {})["cluster"])
 
-    async def job(r: Runner, op_id: int, _names: list[str], job_actor: str) -> None:
-        await _verify(r, op_id, picked[0], job_actor, record_on_op=True)
-
-    op_id = await runner.operation("wlm.verify", [], actor, None, job, VERIFY_TIMEOUT_S + 120, setup=setup)
-    return WlmStarted(cluster=picked[0], operation_id=op_id)
+    return WlmStarted(cluster=await anyio.to_thread.run_sync(picked), operation_id=op_id)
 
 
-async def _verify(runner: Any, op_id: int, name: str, actor: str, *, record_on_op: bool) -> wlm.VerifyResult:
+def _verify_setup(s: Session, op: Operation, name: Any) -> None:
+    row = svc.pick(s, name)
+    if row.state not in (WlmState.DEPLOYED, WlmState.PARTIAL):
+        raise Conflict(f"cluster {row.name} is {row.state}: deploy it before verifying")
+    members = svc.member_names(s, row)
+    op.targets, op.progress_total = fold_hostlist(members), len(members)
+    op.spec = {"cluster": row.name}
+    row.last_verify_op = op.id
+    s.add(row)
+
+
+async def _verify_run(job: Job) -> None:
+    def begin() -> None:
+        with session_scope(job.engine) as s:
+            op_svc.start(s, op_svc.get(s, job.op_id))
+
+    await anyio.to_thread.run_sync(begin)
+    await _verify(job, job.op_id, job.spec["cluster"], job.actor, record_on_op=True)
+
+
+# a verification job is not taken up again: its verdict would mix two runs
+VERIFY = Handler(_verify_run, timeout=lambda _s, _n: VERIFY_TIMEOUT_S + 120, setup=_verify_setup, resumable=False)
+
+
+async def _verify(runner: Job, op_id: int, name: str, actor: str, *, record_on_op: bool) -> wlm.VerifyResult:
     """The verification job; results go on a verify operation, or into the deploy operation's log."""
     engine, settings = runner.engine, runner.settings
 

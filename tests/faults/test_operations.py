@@ -1,7 +1,8 @@
 """Operations outlive their server: kill -9 and SIGTERM during an inventory, and `bcm op cancel`.
 
 The nodes' addresses are loopback listeners that accept SSH connections and never answer, so the
-inventory is in flight for as long as the test wants it to be.
+inventory is in flight for as long as the test wants it to be. An operation is held under a lease:
+the restarted server takes up what the dead one left (an inventory is resumable) and ends it.
 """
 
 from __future__ import annotations
@@ -121,6 +122,28 @@ def assert_a_retry_runs(srv: Server) -> None:
     assert {r["status"] for r in op["results"].values()} == {"timed_out"}, op["results"]
 
 
+def assert_taken_up_and_ended(srv: Server, op_id: int) -> None:
+    """The restarted server took the operation up (a second claim), ran it to its end, unlocked."""
+    with client(srv) as c:
+        op = _wait(
+            "the taken-up operation to end",
+            lambda: (
+                (o := c.get(f"/api/v1/operations/{op_id}").json())["state"] not in ("pending", "running")
+                and o
+            ),
+        )
+        nodes = c.get("/api/v1/nodes", params={"nodes": "hang[1-3]"}).json()["items"]
+    assert op["claims"] == 2 and "taken up by" in c_log(srv, op_id), op
+    assert op["state"] == "failed" and op["owner"] is None, op
+    assert {r["status"] for r in op["results"].values()} == {"timed_out"} and op["progress_done"] == 3, op
+    assert [(n["locked_by"], n["target_state"]) for n in nodes] == [(None, None)] * 3, nodes
+
+
+def c_log(srv: Server, op_id: int) -> str:
+    with client(srv) as c:
+        return str(c.get(f"/api/v1/operations/{op_id}").json()["log"])
+
+
 def restart_quick(srv: Server) -> None:
     srv.extra_env["BCM_SSH__CONNECT_TIMEOUT_S"] = "2"  # the retry gives up on silent hosts quickly
     srv.start()
@@ -132,25 +155,31 @@ def test_kill_9_during_an_inventory(server: Server) -> None:
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait(10)
     restart_quick(server)
-    assert_closed_and_unlocked(server, op_id, "interrupted")
+    assert_taken_up_and_ended(server, op_id)
     assert_a_retry_runs(server)
 
 
-def test_sigterm_during_an_inventory_interrupts_it_before_exit(server: Server) -> None:
+def test_sigterm_during_an_inventory_hands_it_back_before_exit(server: Server) -> None:
     op_id = start_inventory(server)
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
-    # the stopping server closed it itself: look in the database before any restart
+    # the stopping server handed it back, lease and node locks lapsed: look before any restart
     engine = create_engine(f"sqlite:///{server.state_dir / 'bcm.db'}")
     with engine.connect() as conn:
-        op = conn.execute(text("SELECT state, results FROM operation WHERE id = :i"), {"i": op_id}).one()
-        locks = conn.execute(text("SELECT count(*) FROM node WHERE lock_owner IS NOT NULL")).scalar()
+        op = conn.execute(
+            text("SELECT state, owner, lease_expires, results FROM operation WHERE id = :i"), {"i": op_id}
+        ).one()
+        held = conn.execute(
+            text("SELECT count(*) FROM node WHERE lock_owner IS NOT NULL AND lock_expires > :now"),
+            {"now": op.lease_expires},
+        ).scalar()
     engine.dispose()
-    assert op.state == "interrupted" and locks == 0
+    assert op.state == "running" and op.owner is None and op.lease_expires is not None, op
+    assert held == 0
     assert json.loads(op.results) is not None  # results kept (here: none finished)
     restart_quick(server)
-    assert_closed_and_unlocked(server, op_id, "interrupted")
+    assert_taken_up_and_ended(server, op_id)
     assert_a_retry_runs(server)
 
 

@@ -6,15 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, Field
-from sqlmodel import Session
 
 from bcm.api.deps import Admin, SessionDep, actor
 from bcm.api.params import Name
 from bcm.domain.naming import expand_hostlist
 from bcm.errors import InvalidInput
-from bcm.models.operation import Operation
 from bcm.services import agents as svc
-from bcm.services import nodes as node_svc
 from bcm.workers.runner import Runner
 
 router = APIRouter(tags=["agents"])
@@ -59,13 +56,8 @@ async def deploy_agents(body: AgentDeployRequest, request: Request, token: Admin
     names = expand_hostlist(body.nodes, "nodes")
     who = actor(token)
 
-    def setup(s: Session, _op: Operation) -> None:
-        node_svc.get_many(s, names)  # NotFound names every unknown node; nothing is created then
-
-    async def job(runner: Runner, op_id: int, node_names: list[str], job_actor: str) -> None:
-        await svc.deploy(runner.engine, runner.settings, op_id, node_names, spec, job_actor)
-
-    # the Runner's lifecycle: row and node locks in one transaction, bounded in time, always released
+    # an agent_deploy operation (bcm.workers.verbs): row, lease and node locks in one transaction
     runner: Runner = request.app.state.runner
-    op_id = await runner.operation("agent_deploy", names, who, None, job, setup=setup)
+    job_spec = {"server_url": spec.server_url, "interval_s": spec.interval_s, "nvml_fixture": spec.nvml_fixture}
+    op_id = await runner.submit("agent_deploy", names, who, None, spec=job_spec, extra=names)
     return AgentDeployStarted(operation_id=op_id, nodes=names)

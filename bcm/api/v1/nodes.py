@@ -25,6 +25,7 @@ from bcm.models.node import (
 )
 from bcm.services import auth, trust
 from bcm.services import nodes as svc
+from bcm.workers import verbs
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 NamePath = Name
@@ -76,10 +77,7 @@ async def node_verb(verb: Verb, body: VerbRequest, request: Request, token: Oper
         if verb not in ("provision", "reimage"):
             raise InvalidInput("rekey: only provision and reimage make new host keys", field="rekey")
         auth.require_role(token, Role.ADMIN)
-        from bcm.workers.provision import provision_verb  # the runner imports it the same way (a cycle)
-
-        return await provision_verb(runner, verb, expand_hostlist(body.nodes), actor(token), body.reason, rekey=True)
-    return await runner.verb(verb, expand_hostlist(body.nodes), actor(token), body.reason)
+    return await verbs.node_verb(runner, verb, expand_hostlist(body.nodes), actor(token), body.reason, rekey=body.rekey)
 
 
 class TrustRequest(SQLModel):

@@ -250,6 +250,8 @@ async def apply(
     token: Annotated[ApiToken, Depends(can(Action.APPLY))],
     cluster: Annotated[str | None, text_query(40, "the cluster (default: the only one)")] = None,
 ) -> dict[str, Any]:
+    """Start a ``tenancy.apply`` operation: ``{"cluster", "operation_id"}``; its plan is the operation's
+    ``outcome`` once it ends (``bcm tenancy apply`` follows it)."""
     svc.authorize(session, token, Action.APPLY, None)
     session.commit()
-    return await jobs.apply(request.app.state.engine, request.app.state.settings, cluster, actor(token))
+    return await jobs.start_apply(request.app.state.runner, cluster, actor(token))
