@@ -11,8 +11,8 @@ was left open): a resumable handler runs again for the nodes that have no result
 already stored stay), any other fails them with the reason. An operation ends succeeded, partial,
 failed (an error, its timeout) or cancelled (``bcm op cancel``, from any server); a job that lost its
 operation (cancelled, or taken by another server after its lease lapsed) writes nothing more. At
-shutdown its operations are handed back (lease lapsed now) for the next server, or the restarted
-one, to take up. Result writes that meet a database outage are retried with backoff for as long
+shutdown on PostgreSQL its operations are handed back (lease lapsed now) for another server, or the
+restarted one, to take up; on SQLite they end then, unfinished nodes failed with the reason. Result writes that meet a database outage are retried with backoff for as long
 as the lease lasts; past it, the reclaim cleans up.
 """
 
@@ -185,7 +185,9 @@ class Runner:
         return out
 
     async def shutdown(self) -> None:
-        """Stop every job and hand its operation back (lease lapsed now) for the next server to take up."""
+        """Stop every job. On PostgreSQL its operation is handed back (lease lapsed now) for another
+        server, or the restarted one, to take up; on SQLite, where no other server can, it ends now, its
+        unfinished nodes failed with the reason."""
         self._stopping = True
         if self._beat is not None:
             self._beat.cancel()
@@ -193,13 +195,27 @@ class Runner:
             task.cancel()
         if self.tasks:
             await asyncio.wait(self.tasks, timeout=SHUTDOWN_GRACE_S)
+        hand_back = self.engine.dialect.name != "sqlite"
         try:
             with session_scope(self.engine) as s:
                 for op in op_svc.open_held(s, self.server):
-                    op_svc.release(s, op, self.server, self.clock())
-                    log.info("operation %s %s handed back: this server stops", op.id, op.kind)
+                    if hand_back:
+                        op_svc.release(s, op, self.server, self.clock())
+                        log.info("operation %s %s handed back: this server stops", op.id, op.kind)
+                    else:
+                        self._end_stopped(s, op)
         except Exception as exc:  # the database may be gone too: the leases lapse by themselves
             log.warning("could not hand back operations at shutdown: %s", type(exc).__name__)
+
+    def _end_stopped(self, s: Any, op: Operation) -> None:
+        why = "interrupted: the server stopped while it ran"
+        names = expand_hostlist(op.targets) if op.targets else []
+        left = {n: {"status": "interrupted", "message": why} for n in names if n not in (op.results or {})}
+        op_svc.add_results(s, op, left)
+        handler = self.handlers.get(op.kind)
+        if handler is not None and handler.on_error is not None:
+            handler.on_error(s, op, self.settings, why)
+        op_svc.finish(s, op, why)
 
     # ---- operations -----------------------------------------------------------------------------
 
