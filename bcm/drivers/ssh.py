@@ -29,7 +29,7 @@ import shlex
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,7 @@ class HostResult:
     error: str | None = None
     duration_s: float = 0.0
     attempts: int = 1  # connections tried, retries included
+    earlier: list[str] = field(default_factory=list)  # "status: error" of each attempt before the last
     retryable: bool = False  # a connect-stage failure another attempt may cure (bcm.domain.fanout)
 
     @property
@@ -388,6 +389,7 @@ class SshClient:
         """
         started = time.monotonic()
         attempts = 0
+        earlier: list[str] = []
         while True:  # bounded: next_delay is None once self.retry.attempts are used
             attempts += 1
             if gate is not None:
@@ -400,10 +402,11 @@ class SshClient:
             )
             if wait is None:
                 break
+            earlier.append(f"{result.status.value}: {result.error}")
             log.debug("ssh %s: attempt %d %s (%s); again in %.1fs", target.name, attempts,
                       result.status.value, result.error, wait)  # fmt: skip
             await asyncio.sleep(wait)
-        result.attempts = attempts
+        result.attempts, result.earlier = attempts, earlier
         result.duration_s = time.monotonic() - started
         if attempts > 1 and not result.ok:
             result.error = f"{result.error or 'no detail'} (after {attempts} attempts)"

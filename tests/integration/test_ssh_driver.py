@@ -337,6 +337,7 @@ def test_reset_connections_are_retried_until_the_host_answers(sshd: Sshd, tmp_pa
     assert result.status is HostStatus.OK, result.error
     assert result.stdout == "up\n"
     assert result.attempts == 3 and proxy.accepted == 3  # two resets, then the login
+    assert [e.split(":")[0] for e in result.earlier] == ["unreachable", "unreachable"]
 
 
 def test_retries_are_bounded_for_a_host_that_stays_down(sshd: Sshd) -> None:
@@ -359,7 +360,7 @@ def test_definite_failures_are_not_retried(sshd: Sshd, client: SshClient, tmp_pa
     auth = run(SshClient(stranger, connect_timeout_s=5).run_many([sshd.target()], "true"))[0]
     assert auth.status is HostStatus.AUTH_FAILED and auth.attempts == 1
     changed = run(client.run_many([sshd.target(pinned=other_key)], "true"))[0]
-    assert changed.status is HostStatus.HOST_KEY_CHANGED and changed.attempts == 1
+    assert changed.status is HostStatus.HOST_KEY_CHANGED and changed.attempts == 1 and not changed.earlier
     failed = run(client.run_many([sshd.target()], f"echo x >> {marker}; exit 4"))[0]
     assert failed.status is HostStatus.COMMAND_FAILED and failed.attempts == 1
     assert marker.read_text() == "x\n"  # ran once
