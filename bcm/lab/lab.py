@@ -108,6 +108,7 @@ class Lab:
         if gpus and not 1 <= gpus <= fakegpu.MAX_GPUS:
             raise LabError(f"a lab node has 0 to {fakegpu.MAX_GPUS} simulated GPUs, not {gpus}")
         net.keep_lab_space_local()
+        net.fit_neighbour_table(n)
         with self._locked():
             self._teardown()
             try:

@@ -85,6 +85,20 @@ def keep_lab_space_local() -> None:
         procs.run(["ip", "-4", "route", "replace", "unreachable", LAB_SPACE])
 
 
+def fit_neighbour_table(nodes: int) -> None:
+    """Room in the host's ARP table for every node on the head's veth; raised, never lowered.
+
+    The kernel's defaults (gc_thresh2 512, gc_thresh3 1024) are shared by every interface: a lab of a
+    thousand nodes would overflow them ("neighbour table overflow"), and connects fail for no fault of
+    the node.
+    """
+    need = nodes + 256
+    for name, want in (("gc_thresh2", need), ("gc_thresh3", 2 * need)):
+        path = Path("/proc/sys/net/ipv4/neigh/default") / name
+        if int(path.read_text()) < want:
+            path.write_text(f"{want}\n")
+
+
 def create_network(netns: str, host_if: str, subnet: ipaddress.IPv4Network) -> None:
     """The bridge namespace with br0 (no STP, no forwarding delay) and the head's veth into it."""
     host_addr = f"{head_address(subnet)}/{subnet.prefixlen}"
