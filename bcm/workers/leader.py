@@ -181,8 +181,11 @@ def elect(engine: Engine, me: str, address: str, lease_s: float, *, leading: boo
     """One round, one transaction: heartbeat ``me`` and take or extend the lease if it is free or ours
     (or, with ``take``, whoever holds it: SQLite's one server at its start, its predecessor being dead)."""
     with session_scope(engine) as s:
-        if _dialect(s) == "postgresql":  # a round waits for the lease row at most a lease
+        if _dialect(s) == "postgresql":
+            # a round waits for the lease row at most a lease, and a server frozen inside its round (SIGSTOP,
+            # a paused VM) holds the row's lock no longer than a lease: then the others can take over
             s.execute(text(f"SET LOCAL lock_timeout = {max(1, int(lease_s * 1000 * LOCAL_MARGIN))}"))
+            s.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(lease_s * 1000))}"))
         now = db_now(s)
         beat = s.execute(update(Server).where(col(Server.id) == me).values(heartbeat_at=now, address=address))
         if not getattr(beat, "rowcount", 0):
