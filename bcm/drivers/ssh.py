@@ -568,3 +568,30 @@ async def install_public_key(
     )
     # The key travels on stdin, so no quoting of it into the command line is needed.
     return await client.run_one(target, _INSTALL_KEY_SCRIPT, stdin=key_line + "\n")
+
+
+async def install_public_key_many(
+    targets: Sequence[Target],
+    password: str,
+    public_key: str,
+    *,
+    username: str = "root",
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    retries: int = DEFAULT_RETRIES,
+    backoff_s: float = DEFAULT_BACKOFF_S,
+) -> list[HostResult]:
+    """``install_public_key`` on many hosts through ``run_many``: the same retries and adaptive fan-out."""
+    key_line = public_key_line(parse_public_key(public_key))
+    client = SshClient(
+        None,
+        username=username,
+        connect_timeout_s=connect_timeout_s,
+        command_timeout_s=command_timeout_s,
+        concurrency=concurrency,
+        password=password,
+        retries=retries,
+        backoff_s=backoff_s,
+    )
+    return await client.run_many(targets, _INSTALL_KEY_SCRIPT, stdin=key_line + "\n")

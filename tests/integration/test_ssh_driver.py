@@ -35,6 +35,7 @@ from bcm.drivers.ssh import (
     Target,
     ensure_keypair,
     install_public_key,
+    install_public_key_many,
 )
 from bcm.errors import FatalDriverError, RetryableDriverError
 
@@ -422,6 +423,22 @@ def test_install_public_key_with_password_is_idempotent(sshd: Sshd, tmp_path: Pa
     assert lines.count(new_key) == 1
     after = run(SshClient(new_key_path, connect_timeout_s=5).run_one(sshd.target(), "echo in"))
     assert after.status is HostStatus.OK, after.error
+
+
+def test_install_public_key_many_goes_through_the_fan_out(sshd: Sshd, tmp_path: Path) -> None:
+    new_key = ensure_keypair(tmp_path / "many" / "id_ed25519")
+    closed = Target("closed", "127.0.0.1", _free_port())
+    results = run(
+        install_public_key_many(
+            [sshd.target("a"), sshd.target("b"), closed], ROOT_PASSWORD, new_key, retries=1, backoff_s=0.05
+        )
+    )
+    assert [(r.name, r.status, r.attempts) for r in results] == [
+        ("a", HostStatus.OK, 1),
+        ("b", HostStatus.OK, 1),
+        ("closed", HostStatus.UNREACHABLE, 2),
+    ]
+    assert (sshd.home / ".ssh" / "authorized_keys").read_text().splitlines().count(new_key) == 1
 
 
 def test_install_public_key_wrong_password_is_auth_failed(sshd: Sshd, tmp_path: Path) -> None:
