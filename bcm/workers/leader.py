@@ -57,6 +57,7 @@ log = logging.getLogger("bcm.ha")
 
 RENEWALS_PER_LEASE = 3
 LOCAL_MARGIN = 0.9  # a leader stops its work this far into a lease it could not renew
+TAKEOVER_DELAY = 0.5  # leases between taking over from a silent leader and starting dnsmasq
 STOP_GRACE_S = 5.0  # leader work is given this long to stop before it is left behind
 SERVER_FORGOTTEN_S = 3600.0  # a server row silent this long is removed by the leader
 
@@ -336,6 +337,7 @@ class Leadership:
         self._failing = False
         self.leash = Leash(self.settings, self.lease_s * LOCAL_MARGIN)
         _idle_ms[0] = max(1, int(self.lease_s * 1000))
+        self._good_wall = 0.0  # wall-clock start of the last round that renewed the lease
         self._first = True  # on SQLite (one server per file) the first round takes a dead predecessor's lease
 
     @property
@@ -398,6 +400,7 @@ class Leadership:
                 await self._step_down(f"{lease.holder} leads with epoch {lease.holder_epoch}")
             return
         self._deadline = started + self.lease_s * LOCAL_MARGIN
+        self._good_wall = wall
         if self.epoch != lease.epoch:
             if self.leading:
                 await self._step_down(f"epoch {self.epoch} replaced by {lease.epoch}")
@@ -414,7 +417,7 @@ class Leadership:
         self.epoch = epoch
         ctx = contextvars.copy_context()
         ctx.run(_EPOCH.set, (self.me, epoch))
-        task = asyncio.create_task(self._start_work(), name="bcm-leader-start", context=ctx)
+        task = asyncio.create_task(self._start_work(previous), name="bcm-leader-start", context=ctx)
         try:
             await task
         except Exception:
@@ -441,15 +444,18 @@ class Leadership:
         except Exception as exc:
             log.warning("%s not recorded (%s)", action, type(exc).__name__)
 
-    async def _start_work(self) -> None:
-        """In the leader's context: every task made here (and every thread they use) carries the epoch."""
+    async def _start_work(self, previous: str | None = None) -> None:
+        """In the leader's context: every task made here (and every thread they use) carries the epoch.
+
+        After a takeover (``previous``: a holder that did not give the lease up) dnsmasq starts half a lease
+        later, beyond the old leader's leash (0.9 lease after its last good renewal, which was at least a
+        lease ago): a margin for a machine so loaded that the old leash is late."""
         from bcm.workers import audit, power, provision
         from bcm.workers import wlm as wlm_worker
 
         app, engine, settings = self.app, self.engine, self.settings
         log.info("leader work starts (epoch %s): dnsmasq, provisioning, health, WLM sync, power poll, pruning",
                  self.epoch)  # fmt: skip
-        await provision.reconfigure(app)  # dnsmasq, when PXE is enabled
         app.state.provisioner.start()
         app.state.health.start()
         wlm_sync = supervise("workload-manager sync", lambda: wlm_worker.sync_all(engine, settings),
@@ -460,6 +466,24 @@ class Leadership:
             ("bcm-audit-prune", audit.loop(engine, settings)),
         ):
             self.work.append(asyncio.create_task(coro, name=name))
+        if previous is None:
+            await provision.reconfigure(app)  # dnsmasq, when PXE is enabled
+            self._leash_dnsmasq()
+        else:  # in a task of the leader's work: the election's rounds go on meanwhile
+            self.work.append(asyncio.create_task(self._dnsmasq_later(), name="bcm-leader-dnsmasq"))
+
+    async def _dnsmasq_later(self) -> None:
+        from bcm.workers import provision
+
+        await asyncio.sleep(self.lease_s * TAKEOVER_DELAY)
+        if self.leading:
+            await provision.reconfigure(self.app)
+            self._leash_dnsmasq()
+
+    def _leash_dnsmasq(self) -> None:
+        """dnsmasq runs on a leash from its first moment (renewed by every good round after)."""
+        if getattr(self.app.state, "dhcp", None) is not None:
+            self.leash.start(self._good_wall)
 
     async def _step_down(self, why: str, *, stopping: bool = False) -> None:
         if self.epoch is None:
