@@ -132,8 +132,8 @@ def _report(name: str, seq: int) -> dict[str, object]:
 def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: Path, pg_pair: Pair) -> None:
     srv = Server(tmp_path / "state", database_url=pg_pair.url,
                  extra_env={"BCM_DB__CONNECT_TIMEOUT_S": "2", "BCM_HEALTH__INTERVAL_S": "3600"})  # fmt: skip
-    srv.start()
     try:
+        srv.start()  # inside: a start that timed out leaves a process to stop too
         admin = {"Authorization": f"Bearer {srv.token()}"}
         r = httpx.post(f"{srv.url}/api/v1/nodes/bulk", json={"nodes": f"agent[01-{AGENTS:02d}]"}, headers=admin,
                        timeout=30)  # fmt: skip

@@ -81,20 +81,16 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Serve
         env = {"BCM_HA__LEASE_S": str(LEASE_S), "BCM_LOG_LEVEL": "info", **(PXE_ON_LO if request.param else {})}
         a = Server(tmp_path / "a", database_url=url, extra_env=env)
         b = Server(tmp_path / "b", database_url=url, extra_env=env)
-        a.start()
         try:
+            a.start()  # inside: a start that timed out leaves a process to stop too
             b.start()
-            try:
-                yield a, b, a.token()
-            finally:
-                b.stop()
+            yield a, b, a.token()
         finally:
-            a.stop()
-            for s in (a, b):  # a SIGSTOPped process must not be left behind
+            for s in (a, b):  # a SIGSTOPped process is woken first, so that it stops on SIGTERM
                 if s.proc is not None and s.proc.poll() is None:
                     s.proc.send_signal(signal.SIGCONT)
-                    s.proc.kill()
-                    s.proc.wait(10)
+            b.stop()
+            a.stop()
 
 
 def one_leader(a: Server, b: Server, token: str) -> tuple[Server, Server, dict[str, Any]]:
@@ -119,8 +115,8 @@ def one_leader(a: Server, b: Server, token: str) -> tuple[Server, Server, dict[s
 
 def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
     first = Server(tmp_path / "state")
-    first.start()
     try:
+        first.start()
         second = Server(tmp_path / "state")  # same state dir, so the same bcm.db; another port
         proc = subprocess.run([*BCM, "serve"], env=second.env(), cwd=REPO, capture_output=True, text=True,
                               timeout=60)  # fmt: skip
