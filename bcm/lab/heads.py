@@ -253,7 +253,8 @@ class Heads:
         leftover = procs.pids_in_namespaces("net", [i for h in self.heads
                                                     if (i := procs.netns_file_id(Path("/run/netns") / h.netns))])  # fmt: skip
         procs.send(leftover, signal.SIGKILL)
-        net.delete_netns([h.netns for h in self.heads] + [self.bridge_ns])
+        made = [ns for ns in [h.netns for h in self.heads] + [self.bridge_ns] if (Path("/run/netns") / ns).exists()]
+        net.delete_netns(made)  # only what exists: an `up` that failed half-way is taken down too
         if net.link_exists(self.host_if):
             net.delete_link(self.host_if)
         self.heads = []
