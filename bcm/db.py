@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sqlite3
@@ -100,14 +101,49 @@ def private_sqlite_files(path: Path) -> None:
 _WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER", "BEGIN"})
 
 
+class WriteTurn:
+    """A lock handed to its waiters in arrival order (``threading.Lock`` is not fair: under load one
+    waiter can lose every race for its whole timeout while others go ahead, #27)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+        self._held = False
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        if turn.wait(timeout):
+            return True
+        with self._mutex:
+            if turn.is_set():  # handed over just as the wait ended
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()  # still held: now by the longest waiter
+            else:
+                self._held = False
+
+
 def _queue_sqlite_writers(engine: Engine, timeout_s: float) -> None:
     """Writers take turns in this process, in arrival order, from their first write until commit.
 
     SQLite has one writer at a time anyway; its own busy handler polls with growing sleeps, so under
-    load a waiting writer can lose every race for the whole busy timeout. A lock held from the
-    first write of a transaction until the connection returns to the pool serves writers in turn.
+    load a waiting writer can lose every race for the whole busy timeout. A first-come-first-served
+    lock held from the first write of a transaction until the connection returns to the pool serves
+    writers in turn. A request gives it back before its answer is serialized
+    (:func:`bcm.api.deps.commit_before_serialization`), so the turn is never held across a wait for
+    another worker thread.
     """
-    writer = threading.Lock()
+    writer = WriteTurn()
 
     @event.listens_for(engine, "before_cursor_execute")
     def _take_turn(conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:

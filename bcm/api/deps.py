@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import timedelta
@@ -70,15 +71,14 @@ _COMMITTING: set[Callable[..., Any]] = set()  # handlers already wrapped
 
 
 def _committing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    def commit_on_return(**values: Any) -> Any:
-        result = endpoint(**values)
+    @functools.wraps(endpoint)  # FastAPI reads the handler's own signature through the wrapper
+    def commit_on_return(*args: Any, **values: Any) -> Any:
+        result = endpoint(*args, **values)
         for value in values.values():
             if isinstance(value, Session) and value.in_transaction():
                 value.commit()
         return result
 
-    commit_on_return.__name__ = getattr(endpoint, "__name__", "endpoint")
-    commit_on_return.__doc__ = endpoint.__doc__
     _COMMITTING.add(commit_on_return)
     return commit_on_return
 
@@ -89,17 +89,26 @@ def commit_before_serialization(routes: Iterable[Any]) -> None:
     FastAPI ends a dependency only after the answer is serialized, and for a ``def`` handler that
     serialization waits for another worker thread: a handler that wrote would keep SQLite's write turn
     (``bcm.db``) across that wait, while the threads it waits for wait for the turn (#27). Committing
-    first gives the turn back before the answer is built, in the thread that took it.
+    first gives the turn back before the answer is built, in the thread that took it. Call it once every
+    router is included and before the first request (included routers build their handlers on first use).
     """
     for route in routes:
-        if not isinstance(route, APIRoute) or route.dependant.call is None:
+        included = getattr(route, "original_router", None)  # an included router: its own routes
+        if included is not None:
+            commit_before_serialization(included.routes)
             continue
-        call = route.dependant.call
-        if inspect.iscoroutinefunction(call) or call in _COMMITTING:
+        if not isinstance(route, APIRoute):
             continue
-        if inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call):
+        endpoint = route.endpoint
+        plain = inspect.unwrap(endpoint)
+        if endpoint in _COMMITTING or inspect.iscoroutinefunction(plain):
             continue
-        route.dependant.call = _committing(call)
+        if inspect.isgeneratorfunction(plain) or inspect.isasyncgenfunction(plain):
+            continue
+        wrapped = _committing(endpoint)
+        route.endpoint = wrapped
+        if route.dependant.call is endpoint:  # a route of the app itself: its handler is built already
+            route.dependant.call = wrapped
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 

@@ -1,7 +1,7 @@
 """``/readyz``'s view of the database: a probe of its own, never a request worker thread or the write turn.
 
 One probe at a time (``SELECT 1`` on a fresh connection of its own, in a thread of its own), shared by
-every caller that asks meanwhile, its answer kept for ``FRESH_S``: a saturated request pool, a held
+every caller that asks meanwhile, a success kept for ``FRESH_S``: a saturated request pool, a held
 SQLite write turn or an exhausted connection pool never delays the answer, and a stopped database is
 noticed by the next probe. A probe that does not answer within its bound is a 503 at once (it goes on
 in its thread, and the next caller waits for it again).
@@ -43,8 +43,8 @@ class Readiness:
     async def check(self) -> Unavailable | None:
         """None when the database answers, else the 503 to send."""
         loop = asyncio.get_running_loop()
-        if self._at is not None and loop.time() - self._at < FRESH_S:
-            return self._last
+        if self._at is not None and self._last is None and loop.time() - self._at < FRESH_S:
+            return None  # a success is kept a moment; a failure is asked again (the database may be back)
         if self._probe is None or self._probe.done():
             self._probe = loop.create_task(self._run(), name="bcm-readiness-probe")
         try:
