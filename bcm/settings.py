@@ -182,6 +182,13 @@ class HaSettings(BaseModel):
     address: str | None = Field(default=None, max_length=256)
 
 
+class OpsSettings(BaseModel):
+    """Operations (inventory, power, deploys, provisioning …): the lease a server holds on each it runs."""
+
+    # a server that cannot renew an operation's lease for this long loses it to the next server that looks
+    lease_s: float = Field(default=30.0, ge=0.5, le=3600)
+
+
 class Settings(BaseSettings):
     """Everything configurable about the head-node server and the CLI."""
 
@@ -202,6 +209,7 @@ class Settings(BaseSettings):
     audit: AuditSettings = AuditSettings()
     ha: HaSettings = HaSettings()
     wlm: WlmSettings = WlmSettings()
+    ops: OpsSettings = OpsSettings()
 
     @field_validator("log_level")
     @classmethod

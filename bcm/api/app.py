@@ -76,7 +76,6 @@ async def _database_error(_request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import bcm.services.inventory  # noqa: F401  (registers the inventory job)
         from bcm.workers.health import HealthWorker
         from bcm.workers.ingest import IngestQueue
         from bcm.workers.runner import Runner

@@ -57,6 +57,9 @@ def store_result(session: Session, result: ssh.HostResult, actor: str) -> dict[s
     node.target_state = None
     node.updated_at = utcnow()
     entry: dict[str, Any] = {"status": result.status.value, "message": result.error or ""}
+    # transient connect failures retried (bcm.domain.fanout): `bcm node inventory --wait` shows them
+    if result.attempts > 1:
+        entry["attempts"] = result.attempts
     if result.status == "host_key_changed":
         node.last_error = f"SSH host key changed; refused: {result.error}"
         events.record(session, actor, "node.host_key_changed", node.name, node.last_error, severity="error",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import anyio
@@ -23,20 +22,18 @@ async def trust(
     """Per-node results; the password is used once per node and never stored or logged."""
     targets, missing = await anyio.to_thread.run_sync(load_targets, engine, names)
     public_key = ssh.ensure_keypair(settings.ssh_key_file)
-    limit = asyncio.Semaphore(settings.ssh.concurrency)
-
-    async def one(t: Any) -> ssh.HostResult:
-        async with limit:
-            return await ssh.install_public_key(
-                ssh.Target(t.name, t.address, settings.ssh.port, t.pinned_key),
-                password,
-                public_key,
-                username=settings.ssh.username,
-                connect_timeout_s=settings.ssh.connect_timeout_s,
-                command_timeout_s=settings.ssh.command_timeout_s,
-            )
-
-    results = await asyncio.gather(*(one(t) for t in targets))
+    # one fan-out with the others' retries of transient connect failures (never of a refused password)
+    results = await ssh.install_public_key_many(
+        [ssh.Target(t.name, t.address, settings.ssh.port, t.pinned_key) for t in targets],
+        password,
+        public_key,
+        username=settings.ssh.username,
+        connect_timeout_s=settings.ssh.connect_timeout_s,
+        command_timeout_s=settings.ssh.command_timeout_s,
+        concurrency=settings.ssh.concurrency,
+        retries=settings.ssh.retries,
+        backoff_s=settings.ssh.backoff_s,
+    )
 
     def record() -> dict[str, Any]:
         out: dict[str, Any] = {n: {"status": "no_address", "message": why} for n, why in missing.items()}
@@ -47,6 +44,8 @@ async def trust(
                     node.ssh_host_key = r.host_key  # pinned on first contact
                     s.add(node)
                 out[r.name] = {"status": r.status.value, "message": r.error or ""}
+                if r.attempts > 1:
+                    out[r.name]["attempts"] = r.attempts
             oks = [n for n, r in out.items() if r["status"] == "ok"]
             events.record(
                 s, actor, "node.trust", ",".join(sorted(out)), f"{len(oks)}/{len(out)} now trust bcm's key"

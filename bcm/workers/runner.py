@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,19 +42,8 @@ from bcm.workers.job import Handler, Job
 
 log = logging.getLogger("bcm.workers")
 
-LEASE_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
 RETRY_FIRST_S = 0.25
-
-
-def lease_seconds() -> float:
-    """An operation's lease: ``BCM_OPS__LEASE_S`` (default 30 s). A server that cannot renew within it
-    loses its operations to the next server that looks."""
-    try:
-        value = float(os.environ.get("BCM_OPS__LEASE_S", LEASE_S))
-    except ValueError:
-        return LEASE_S
-    return value if 0.5 <= value <= 3600 else LEASE_S
 
 
 class Runner:
@@ -73,7 +61,7 @@ class Runner:
         self.settings = settings
         self.handlers = verbs.HANDLERS if handlers is None else handlers
         self.server = server or identity.server_id()
-        self.lease_s = lease_s or lease_seconds()
+        self.lease_s = lease_s or settings.ops.lease_s  # BCM_OPS__LEASE_S
         self.clock = clock
         self.tasks: set[asyncio.Task[None]] = set()
         self.running: dict[int, asyncio.Task[None]] = {}

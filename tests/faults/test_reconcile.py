@@ -73,6 +73,9 @@ def _runners(settings: Any, engine: Any, port: int) -> tuple[Runner, Runner, Clo
     quick.ssh.port, quick.ssh.connect_timeout_s = port, 1  # server b's gives up on silent hosts at once
     a = Runner(engine, slow, server="server-a:1:aaaa", lease_s=LEASE_S, clock=clock)
     b = Runner(engine, quick, server="server-b:2:bbbb", lease_s=LEASE_S, clock=clock)
+    # no SSH retries: each run's length is its connect timeout, which these tests set against the lease
+    # (a run retried for longer than the lease would let b's lease lapse on the real-time clock)
+    slow.ssh.retries = quick.ssh.retries = 0
     return a, b, clock
 
 
@@ -152,9 +155,9 @@ def test_a_cancel_from_another_server_always_ends_cancelled(
 
     async def scenario() -> None:
         op_id = await a.submit("inventory", ["hang1", "hang2"], "test")
+        task = a.running[op_id]  # taken now: a's job may notice the cancel and end before the next line
         await b.cancel(op_id, "operator")
         assert _locks(engine) == {"hang1": None, "hang2": None}
-        task = a.running[op_id]
         await asyncio.wait({task}, timeout=30)  # a's job ran to its end without noticing
         op = _op(engine, op_id)
         assert op.state == "cancelled" and op.error == "cancelled by operator", op

@@ -1,5 +1,7 @@
 """The dashboard against a Slurm lab: an operator drains a node from the Nodes page, and Slurm drains it
-with bcm's reason; resuming it from the node's page puts it back in service in both.
+with bcm's reason; resuming it from the node's page puts it back in service in both. bcm's agent, deployed
+over SSH onto the node and answering from the recorded fake NVML, reports meanwhile: the node's page then
+charts each GPU's temperature from those reports.
 
 It builds one small lab (a controller and one compute node, the lab module the Slurm tests use) and
 deploys Slurm without the verification job: the cheapest real Slurm there is."""
@@ -15,6 +17,7 @@ import pytest
 
 from bcm.lab.slurm import SlurmLab
 from tests.lab.conftest import lab_required  # noqa: F401  (the fixture: skips where no lab can be built)
+from tests.lab.test_health_e2e import GPUS, fixture_for, until
 from tests.ui.conftest import Site, shoot, sign_in
 
 pytestmark = pytest.mark.lab
@@ -22,7 +25,9 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture
 def slurm_ui(lab_required: None, tmp_path: Path) -> Iterator[SlurmLab]:  # noqa: F811
-    with SlurmLab.running(tmp_path, nodes=2, name="bcmui", subnet="198.18.28.0/24") as run:
+    with SlurmLab.running(
+        tmp_path, nodes=2, gpus_per_node=GPUS, name="bcmui", subnet="198.18.28.0/24", server_host="0.0.0.0"
+    ) as run:
         yield run
 
 
@@ -39,6 +44,13 @@ def test_operator_drains_a_lab_node_from_the_nodes_page_and_slurm_drains_it(
     op = run.deploy(verify=False)
     assert op["state"] == "succeeded", f"{op['state']}: {op.get('error')}\n{op.get('log', '')[-3000:]}"
     node = run.compute[0]
+    # the agent onto the node over SSH: it reports every second while the operator works
+    body = {"nodes": node, "server_url": f"http://{run.lab.head_ip}:{run.server.port}", "interval_s": 1.0,
+            "nvml_fixture": fixture_for(node)}  # fmt: skip
+    started = run.http.post("/api/v1/agents/deploy", json=body)
+    assert started.status_code == 202, started.text
+    agent_op = run.wait(started.json()["operation_id"], timeout_s=180)
+    assert agent_op["state"] == "succeeded", agent_op
     site = Site(run.server, run.http)
     page = sign_in(browser, site, site.token("ui-lab-operator", "operator"), start=f"/ui/nodes?nodes={node}")
     assert (page.locator(f'tr[data-node="{node}"] td.state').text_content() or "").strip() == "ready"
@@ -64,3 +76,18 @@ def test_operator_drains_a_lab_node_from_the_nodes_page_and_slurm_drains_it(
     assert (page.locator(f'tr[data-node="{node}"] td.state').text_content() or "").strip() == "ready"
     assert node not in slurm_reasons(run)
     assert run.http.get(f"/api/v1/nodes/{node}").json()["wlm_state"] == "idle"
+
+    # the GPU charts on the node's page, drawn from what the lab agent reported
+    uuid = run.http.get(f"/api/v1/nodes/{node}/gpus").json()[0]["uuid"]
+    history = until(
+        "the lab agent's third report",
+        lambda: (h := run.http.get(f"/api/v1/gpus/{uuid}/history").json()["samples"]) and len(h) >= 3 and h,
+    )
+    temps = {float(h["temperature_c"]) for h in history}
+    page.goto(f"/ui/nodes/{node}")
+    chart = page.locator("#gpu-0 .chart-temperature svg")
+    assert chart.get_attribute("aria-label") == "Temperature (°C)"
+    points = (chart.locator("polyline").get_attribute("points") or "").split()
+    assert len(points) >= len(history)  # one point per report kept, at least those seen above
+    assert chart.locator("text", has_text=f"{max(temps):g}").count() >= 1, chart.inner_html()
+    shoot(page, "lab-node-gpu-charts")
