@@ -1,4 +1,5 @@
-"""`bcm lab up|down|status`: a lab of real SSH nodes on this machine (needs root), registered with the server."""
+"""`bcm lab up|down|status`: a lab of real SSH nodes on this machine (needs root), registered with the server;
+`bcm lab up --heads N` and `bcm lab head kill|freeze|thaw|start|status N`: several head nodes and drills on them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ StateDir = Annotated[
 ]
 Name = Annotated[str, typer.Option(help="lab name (bridge namespace; node namespaces get it as prefix)")]
 Subnet = Annotated[str, typer.Option(help="lab subnet, inside 198.18.0.0/15")]
+HeadsSubnet = Annotated[
+    str | None,
+    typer.Option(
+        "--subnet",
+        help="lab subnet, inside 198.18.0.0/15 [default: 198.18.0.0/24; with --heads 198.18.229.0/24]",
+        show_default=False,
+    ),
+]
 
 
 def lab_state_root() -> Path:
@@ -50,9 +59,25 @@ def up(
     ] = False,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
+    heads: Annotated[
+        int | None,
+        typer.Option(
+            help="instead of SSH nodes: N head nodes (2 to 5), each running bcm serve on --database-url, "
+            "and keepalived giving the service address (the subnet's .1) to the head that leads",
+            show_default=False,
+        ),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            help="with --heads: the PostgreSQL database the heads share, by its socket "
+            "(e.g. postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql)",
+            show_default=False,
+        ),
+    ] = None,
     state_dir: StateDir = None,
     name: Name = "bcmlab",
-    subnet: Subnet = "198.18.0.0/24",
+    subnet: HeadsSubnet = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Bring up N SSH nodes (node01…) with simulated GPUs, ready for a Slurm deploy, and register them.
@@ -60,8 +85,19 @@ def up(
     Slurm: every node reaches this machine's MariaDB through its socket (started if it is down), and
     the lab has its own accounting database and user (password 0600 in the lab's state dir), which
     `bcm wlm deploy slurm` uses for clusters made of lab nodes.
+
+    With --heads N: N head namespaces on a bridge of their own, each running `bcm serve` (detached: they
+    outlive this command) on one PostgreSQL database, and keepalived holding the service address on the
+    head whose bcm leads. Drills: `bcm lab head kill|freeze|thaw|start N`; `bcm lab down` ends it all.
     """
     from bcm.lab import LabError, accounting
+
+    if heads is not None:
+        _heads_up(heads, database_url, state_dir, name, subnet, as_json)
+        return
+    if database_url is not None:
+        raise CliError("--database-url goes with --heads N (the SSH nodes use no database)")
+    subnet = subnet or "198.18.0.0/24"
 
     c = client() if register else None
     keys = [c.get("/api/v1/ssh/public-key")["public_key"]] if c else []
@@ -108,10 +144,144 @@ def up(
 def down(state_dir: StateDir = None, name: Name = "bcmlab") -> None:
     """Remove every namespace, mount, process and bridge the lab made, and its accounting database.
 
-    Nodes stay registered; lab addresses stay unreachable from this machine (no route leaves it).
+    The lab's heads go too (bcm serve, keepalived, their namespaces and bridge). Nodes stay registered; lab addresses stay unreachable from this machine (no route leaves it).
     """
-    _lab(state_dir, name).down()
+    from bcm.lab import LabError
+    from bcm.lab.heads import Heads
+
+    lab = _lab(state_dir, name)
+    try:
+        Heads(_heads_dir(lab), name=_heads_name(name)).down()
+        lab.down()
+    except LabError as exc:
+        raise CliError(exc.message) from None
     out.print("lab is down")
+
+
+# ---- several heads ------------------------------------------------------------------------------------
+
+head_app = typer.Typer(
+    help="Drills on the lab's heads (bcm lab up --heads N): kill, freeze, thaw, start, status.",
+    no_args_is_help=True,
+)
+app.add_typer(head_app, name="head")
+HeadNumber = Annotated[int, typer.Argument(metavar="N", help="which head: 1 to the number of heads")]
+
+
+def _heads_dir(lab) -> Path:  # type: ignore[no-untyped-def]
+    return Path(lab.state_dir) / "heads"
+
+
+def _heads_name(name: str) -> str:
+    """The heads' namespaces are <name>ha-1…: never <name>-…, which the SSH-node lab sweeps as its own."""
+    return f"{name}ha"
+
+
+def _heads_up(
+    count: int, database_url: str | None, state_dir: Path | None, name: str, subnet: str | None, as_json: bool
+) -> None:
+    from bcm.lab import LabError
+    from bcm.lab.heads import DEFAULT_SUBNET, MAX_HEADS, MIN_HEADS, Heads, check_database_url
+
+    if not MIN_HEADS <= count <= MAX_HEADS:
+        raise CliError(f"--heads: a lab has {MIN_HEADS} to {MAX_HEADS} heads, not {count}")
+    subnet = subnet or DEFAULT_SUBNET
+    try:
+        check_database_url(database_url, subnet)
+        lab = _lab(state_dir, name, subnet)  # the name and the subnet checked as any lab's
+        heads = Heads(_heads_dir(lab), count, database_url or "", name=_heads_name(name), subnet=subnet)
+        heads.up()
+        heads.wait_leader()
+    except LabError as exc:
+        raise CliError(exc.message) from None
+    _show_heads(heads, as_json)
+
+
+def _loaded_heads(state_dir: Path | None, name: str):  # type: ignore[no-untyped-def]
+    from bcm.lab import LabError
+    from bcm.lab.heads import Heads
+
+    try:
+        heads = Heads.load(_heads_dir(_lab(state_dir, name)))
+    except LabError as exc:
+        raise CliError(exc.message) from None
+    if heads is None or not heads.heads:
+        raise CliError(f"lab {name} has no heads up (bcm lab up --heads 2 --database-url …)")
+    return heads
+
+
+def _show_heads(heads, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    from bcm.lab import LabError
+
+    try:
+        rows = heads.status()
+        token_file = str(heads.token_file())
+    except LabError as exc:
+        raise CliError(exc.message) from None
+    if as_json:
+        emit_json({"service_url": heads.url, "token_file": token_file, "heads": rows})
+        return
+    table(
+        None,
+        ["HEAD", "URL", "NETNS", "BCM SERVE", "KEEPALIVED", "SERVICE ADDRESS", "LEADS"],
+        [
+            (str(r["head"]), r["url"], r["netns"], r["serve"], r["keepalived"],
+             heads.vip if r["service_address"] else "", "yes" if r["leading"] else "")
+            for r in rows
+        ],
+    )  # fmt: skip
+    leading = [str(r["head"]) for r in rows if r["leading"]]
+    out.print(f"service address {heads.url}, leader: head {', '.join(leading) or 'none'}")
+    out.print(f"export BCM_URL={heads.url} BCM_TOKEN=$(cat {token_file})")
+
+
+@head_app.command("status")
+def head_status(state_dir: StateDir = None, name: Name = "bcmlab", as_json: JsonOpt = False) -> None:
+    """Each head: its URL, its bcm serve and keepalived (up, frozen, down), the service address, the leader."""
+    _show_heads(_loaded_heads(state_dir, name), as_json)
+
+
+def _drill(action: str, number: int, state_dir: Path | None, name: str, done: str) -> None:
+    from bcm.lab import LabError
+
+    heads = _loaded_heads(state_dir, name)
+    try:
+        getattr(heads, action)(number)
+    except LabError as exc:
+        raise CliError(exc.message) from None
+    out.print(f"head {number}: {done}")
+
+
+@head_app.command("kill")
+def head_kill(number: HeadNumber, state_dir: StateDir = None, name: Name = "bcmlab") -> None:
+    """kill -9 of head N's bcm serve; another head takes the lease and the service address.
+
+    Its keepalived stays, fails the /leaderz check and gives the address up; `bcm lab head start N`
+    brings the server back.
+    """
+    _drill("kill", number, state_dir, name, "bcm serve killed (SIGKILL)")
+
+
+@head_app.command("freeze")
+def head_freeze(number: HeadNumber, state_dir: StateDir = None, name: Name = "bcmlab") -> None:
+    """SIGSTOP head N's bcm serve and keepalived, as if the machine paused.
+
+    Another head takes the lease and the address; the frozen one still holds it too until
+    `bcm lab head thaw N`.
+    """
+    _drill("freeze", number, state_dir, name, "bcm serve and keepalived frozen (SIGSTOP)")
+
+
+@head_app.command("thaw")
+def head_thaw(number: HeadNumber, state_dir: StateDir = None, name: Name = "bcmlab") -> None:
+    """SIGCONT head N's bcm serve and keepalived: it finds a newer leader and gives the address up."""
+    _drill("thaw", number, state_dir, name, "bcm serve and keepalived running again (SIGCONT)")
+
+
+@head_app.command("start")
+def head_start(number: HeadNumber, state_dir: StateDir = None, name: Name = "bcmlab") -> None:
+    """Start head N's bcm serve again after a kill (a new server id, same state dir and database)."""
+    _drill("start", number, state_dir, name, "bcm serve running")
 
 
 @app.command("inject")
