@@ -38,6 +38,8 @@ log = logging.getLogger("bcm.wlm")
 DEPLOY_TIMEOUT_S = 1800.0
 REGISTER_TIMEOUT_S = 90.0
 VERIFY_TIMEOUT_S = 120.0
+SETTLE_S = 20.0  # after a verification job: how long its nodes may take to leave "completing"
+BUSY = ("alloc", "complet", "mix")  # a node's state while the verification job still holds it
 # a deploy's own bound (its locks last as long): the playbook, registration, the verification job
 OPERATION_TIMEOUT_S = DEPLOY_TIMEOUT_S + REGISTER_TIMEOUT_S + VERIFY_TIMEOUT_S + 300.0
 RESUME_WAIT_S = 30.0
@@ -235,6 +237,27 @@ def _store_states(engine: Engine, name: str, states: dict[str, str]) -> None:
 # ---- verify ----------------------------------------------------------------------------------------
 
 
+async def _settle_states(
+    manager: wlm.WorkloadManager, ssh: SshClient, target: Target, engine: Engine, name: str, members: list[str]
+) -> None:
+    """The members' states once the verification job has let go of them (bounded by SETTLE_S), stored:
+    a periodic sync that ran during the job saw them allocated, and the next may be half a minute away."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_S
+    states: dict[str, wlm.WlmNodeState] = {}
+    while True:  # bounded by SETTLE_S
+        try:
+            states = await manager.node_states(ssh, target)
+        except BcmError as exc:
+            log.info("wlm %s: states after the verification job not read: %s", name, exc.message)
+            return
+        busy = [n for n in members if (st := states.get(n)) is not None and any(b in st.state for b in BUSY)]
+        if not busy or loop.time() > deadline:
+            break
+        await asyncio.sleep(1.0)
+    await anyio.to_thread.run_sync(_store_states, engine, name, {k: v.state for k, v in states.items()})
+
+
 async def start_verify(runner: Starter, name: str | None, actor: str) -> WlmStarted:
     """A verification job on a deployed cluster (no node locks: it only submits a job)."""
     op_id = await runner.submit("wlm.verify", [], actor, None, extra=name)
@@ -286,6 +309,7 @@ async def _verify(runner: Job, op_id: int, name: str, actor: str, *, record_on_o
         result = await manager.verify(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S, gpus=gpus)
     except DriverError as exc:
         result = wlm.VerifyResult(False, exc.message)
+    await _settle_states(manager, _ssh(settings), target, engine, name, members)
     detail = {
         "ok": result.ok,
         "message": result.message,

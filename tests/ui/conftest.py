@@ -30,8 +30,10 @@ def _unavailable(why: str) -> None:
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module. Not per session: Playwright's sync API keeps an asyncio loop
+    running in this thread while it lives, and tests run after the UI's (asyncio.run) would fail."""
     if not shutil.which(CHROMIUM):
         _unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
     try:
