@@ -335,7 +335,10 @@ class Leadership:
         self._loop: asyncio.Task[None] | None = None
         self._deadline = 0.0  # loop time by which a renewal must succeed, while leading
         self._failing = False
-        self.leash = Leash(self.settings, self.lease_s * LOCAL_MARGIN)
+        # On SQLite no other server can lead (claim_sqlite), so a late beat on a loaded machine is no reason
+        # to stop DHCP: there the leash only stops dnsmasq when this server is gone.
+        one_server = self.engine.dialect.name == "sqlite"
+        self.leash = Leash(self.settings, float("inf") if one_server else self.lease_s * LOCAL_MARGIN)
         _idle_ms[0] = max(1, int(self.lease_s * 1000))
         self._good_wall = 0.0  # wall-clock start of the last round that renewed the lease
         self._first = True  # on SQLite (one server per file) the first round takes a dead predecessor's lease
