@@ -102,7 +102,8 @@ def test_concurrent_takeovers_make_exactly_one_leader_per_epoch(pg_engine: Engin
                 with lock:
                     won.append((me, lease.epoch))
 
-        threads = [threading.Thread(target=race, args=(f"s{i}",)) for i in range(1, 9)]
+        # new names each round: the last round's winner would only extend its own lease (same epoch, rightly)
+        threads = [threading.Thread(target=race, args=(f"r{round_}s{i}",)) for i in range(1, 9)]
         for t in threads:
             t.start()
         for t in threads:
