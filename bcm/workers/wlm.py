@@ -305,11 +305,12 @@ async def _verify(runner: Job, op_id: int, name: str, actor: str, *, record_on_o
 
     members, gpus = await anyio.to_thread.run_sync(load)
     manager, target = await anyio.to_thread.run_sync(_controller, engine, settings, name)
+    client = _ssh(settings)
     try:
-        result = await manager.verify(_ssh(settings), target, members, timeout_s=VERIFY_TIMEOUT_S, gpus=gpus)
+        result = await manager.verify(client, target, members, timeout_s=VERIFY_TIMEOUT_S, gpus=gpus)
     except DriverError as exc:
         result = wlm.VerifyResult(False, exc.message)
-    await _settle_states(manager, _ssh(settings), target, engine, name, members)
+    await _settle_states(manager, client, target, engine, name, members)
     detail = {
         "ok": result.ok,
         "message": result.message,
