@@ -14,8 +14,20 @@ app = typer.Typer(
 )
 
 
-def _body(**fields: str | None) -> dict[str, str]:
+def _body(**fields: str | bool | None) -> dict[str, str | bool]:
     return {k: v for k, v in fields.items() if v is not None}
+
+
+AutoProvision = Annotated[
+    bool | None,
+    typer.Option(
+        "--auto-provision/--no-auto-provision",
+        help="zero-touch: provision what the discovery rule registers at once (its BMC reported and usable)",
+    ),
+]
+WlmCluster = Annotated[
+    str | None, typer.Option(help="zero-touch: the workload-manager cluster its booted nodes join, verified")
+]
 
 
 @app.command("add")
@@ -29,12 +41,15 @@ def add(
         str | None, typer.Option(help="PXE: machines whose MAC starts so join this category at discovery")
     ] = None,
     discover_names: Annotated[str | None, typer.Option(help="…named from this hostlist, first free first")] = None,
+    auto_provision: AutoProvision = None,
+    wlm_cluster: WlmCluster = None,
 ) -> None:
     """Create a category."""
     client().post(
         "/api/v1/categories",
         _body(name=name, image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description,
-              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names),  # fmt: skip
+              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names,
+              auto_provision=auto_provision, wlm_cluster=wlm_cluster),  # fmt: skip
     )
     out.print(f"created category {name}")
 
@@ -75,12 +90,15 @@ def set_category(
     description: Annotated[str | None, typer.Option()] = None,
     discover_mac_prefix: Annotated[str | None, typer.Option(help="PXE discovery rule: MAC prefix")] = None,
     discover_names: Annotated[str | None, typer.Option(help="PXE discovery rule: names (hostlist)")] = None,
+    auto_provision: AutoProvision = None,
+    wlm_cluster: WlmCluster = None,
 ) -> None:
     """Change a category."""
     client().patch(
         f"/api/v1/categories/{name}",
         _body(image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description,
-              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names),  # fmt: skip
+              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names,
+              auto_provision=auto_provision, wlm_cluster=wlm_cluster),  # fmt: skip
     )
     out.print(f"updated category {name}")
 

@@ -57,6 +57,14 @@ def up(
     discover_vms: Annotated[
         bool, typer.Option(help="leave the VMs unregistered: PXE discovery finds them (bcm lab vm-power --pxe)")
     ] = False,
+    vm_bmc_password_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--vm-bmc-password-stdin",
+            help="one BMC password (read from stdin) for every VM's BMC, as a site's BMCs share the one their "
+            "category holds (zero-touch); otherwise each BMC gets its own",
+        ),
+    ] = False,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
     heads: Annotated[
@@ -99,11 +107,18 @@ def up(
         raise CliError("--database-url goes with --heads N (the SSH nodes use no database)")
     subnet = subnet or "198.18.0.0/24"
 
+    vm_password = None
+    if vm_bmc_password_stdin:
+        from cli.power import _read_password
+
+        if not vms:
+            raise CliError("--vm-bmc-password-stdin goes with --vms N")
+        vm_password = _read_password()
     c = client() if register else None
     keys = [c.get("/api/v1/ssh/public-key")["public_key"]] if c else []
     lab = _lab(state_dir, name, subnet)
     try:
-        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True, vms=vms)
+        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True, vms=vms, vm_bmc_password=vm_password)
     except LabError as exc:
         raise CliError(exc.message) from None
     if not accounting.mariadb_installed():

@@ -65,6 +65,13 @@ def set_category(
             help="read the BMC password from stdin; it is used for the BMCs the category's nodes have now",
         ),
     ] = False,
+    discover_range: Annotated[
+        str | None,
+        typer.Option(
+            help="with --password-stdin: BMCs that discoveries report inside this network (the category's "
+            "discovery rule registered them) get the password too (zero-touch)",
+        ),
+    ] = None,
     allow_http: Annotated[
         bool | None,
         typer.Option(
@@ -80,8 +87,13 @@ def set_category(
         c.patch(f"/api/v1/categories/{name}", body)
     if allow_http is not None:
         c.request("PUT", f"/api/v1/categories/{name}/bmc-allow-http", json={"allow": allow_http})
+    if discover_range and not password_stdin:
+        raise CliError("--discover-range is set with the password: add --password-stdin")
     if password_stdin:
-        c.request("PUT", f"/api/v1/categories/{name}/bmc-password", json={"password": _read_password()})
+        pw: dict[str, str] = {"password": _read_password()}
+        if discover_range:
+            pw["discover_range"] = discover_range
+        c.request("PUT", f"/api/v1/categories/{name}/bmc-password", json=pw)
     out.print(f"updated category {name}")
 
 

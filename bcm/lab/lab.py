@@ -95,8 +95,9 @@ class Lab:
         return str(net.head_address(self.subnet))
 
     def up(
-        self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False, vms: int = 0
-    ) -> list[LabNode]:
+        self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False, vms: int = 0,
+        vm_bmc_password: str | None = None,
+    ) -> list[LabNode]:  # fmt: skip
         """Clean any leftovers, then start n nodes that accept the given public keys as root.
 
         ``gpus``: each node gets that many simulated H100s (nvidia-smi, character devices for Slurm,
@@ -118,7 +119,7 @@ class Lab:
                 if slurm:
                     self._prepare_slurm(nodes)
                 if vms:
-                    vm.up(self.state_dir, self.netns, self.subnet, vms)
+                    vm.up(self.state_dir, self.netns, self.subnet, vms, vm_bmc_password)
                 return nodes
             except BaseException:
                 self._teardown()

@@ -50,9 +50,14 @@ def vm_mac(index: int) -> str:
     return f"52:54:00:1a:{index >> 8:02x}:{index & 0xFF:02x}"
 
 
-def qemu_argv(name: str, tap: str, mac: str, serial_log: Path | None = None) -> list[str]:
+def qemu_argv(
+    name: str, tap: str, mac: str, serial_log: Path | None = None, bmc_oem: str | None = None
+) -> list[str]:
     """The VM's command line. It starts paused (``-S``) unless it boots from the network (the chassis drops
-    ``-S`` then): a powered-on machine with nothing to boot needs no CPU, one that PXE-boots runs."""
+    ``-S`` then): a powered-on machine with nothing to boot needs no CPU, one that PXE-boots runs.
+
+    ``bmc_oem``: the VM names its BMC in an SMBIOS OEM string (type 11), ``bcm.bmc=<protocol>:<address>``,
+    as a real machine's BMC answers ``ipmitool lan print``; bcm's discovery image reports it."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise LabError("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
@@ -63,11 +68,17 @@ def qemu_argv(name: str, tap: str, mac: str, serial_log: Path | None = None) -> 
         "-no-reboot", "-S", "-boot", "{boot}",
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
+        *(["-smbios", "type=11,value=" + bmc_oem.replace(",", ",,")] if bmc_oem else []),
     ]  # fmt: skip
 
 
-def up(state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int) -> list[LabVm]:
-    """Make ``count`` VMs (powered off) with their BMCs listening; records them in ``vms.json``."""
+def up(
+    state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int, bmc_password: str | None = None
+) -> list[LabVm]:
+    """Make ``count`` VMs (powered off) with their BMCs listening; records them in ``vms.json``.
+
+    Each BMC gets its own random password, or ``bmc_password`` for all (a site's BMCs share the password its
+    category holds: zero-touch)."""
     if not 0 <= count <= MAX_VMS:
         raise LabError(f"a lab has 0 to {MAX_VMS} VMs, not {count}")
     vms: list[LabVm] = []
@@ -77,7 +88,7 @@ def up(state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int) -
         address = subnet.network_address + FIRST_BMC_HOST + i
         if address not in subnet or address == subnet.broadcast_address:
             raise LabError(f"no room for the BMC of {name} in {subnet}")
-        spec = bmc.BmcSpec(kind, name, str(address), PORTS[kind], BMC_USER, secrets.token_urlsafe(12),
+        spec = bmc.BmcSpec(kind, name, str(address), PORTS[kind], BMC_USER, bmc_password or secrets.token_urlsafe(12),
                            str(state_dir / "vms" / name))  # fmt: skip
         vms.append(LabVm(name, i, vm_mac(i), tap, spec))
     _save(state_dir, vms)
@@ -90,7 +101,8 @@ def up(state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int) -
                 f"addr add {vm.bmc.listen}/{subnet.prefixlen} dev {net.BRIDGE}\n"
             ),
         )
-        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac, vm.bmc.dir / "serial.log"))
+        oem = f"bcm.bmc={vm.bmc.kind}:{vm.bmc.address}"
+        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac, vm.bmc.dir / "serial.log", oem))
         vm.bmc_pid = bmc.start(vm.bmc, netns=netns, mac=vm.mac).pid
         _save(state_dir, vms)
     return vms

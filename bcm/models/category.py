@@ -36,6 +36,11 @@ class CategoryBase(SQLModel):
     # first boot) or "node" (for untrusted boot networks: no private key travels; bcm pins the public key
     # the node presents at hello)
     host_key_source: str | None = Field(default=None, max_length=8)
+    # zero-touch: a machine its discovery rule names is provisioned at once (its BMC reported by the discovery
+    # image and usable: see the category's BMC password range); booted and inventoried, it joins the workload-
+    # manager cluster named here and becomes ready once a one-node verification job passed there
+    auto_provision: bool | None = None
+    wlm_cluster: str | None = Field(default=None, max_length=40)
 
     @field_validator("kernel_args")
     @classmethod
@@ -76,6 +81,18 @@ class CategoryBase(SQLModel):
     def _bmc_protocol(cls, v: str | None) -> str | None:
         return None if v is None else check_bmc_protocol(v)
 
+    @field_validator("wlm_cluster")
+    @classmethod
+    def _wlm_cluster(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", v):
+            raise InvalidInput(
+                f"wlm_cluster: {v[:40]!r} is not a cluster name (a lower-case letter, then a-z, 0-9, _ or -; up to 40)",
+                field="wlm_cluster",
+            )
+        return v
+
     @field_validator("bmc_user")
     @classmethod
     def _bmc_user(cls, v: str | None) -> str | None:
@@ -91,6 +108,9 @@ class Category(CategoryBase, table=True):
     # member node -> the BMC (bcm.domain.power.target_key) it had when an admin set the password above
     bmc_password_targets: dict[str, str] | None = Field(default=None, sa_column=json_column())
     bmc_allow_http: bool = False  # admin only: members may reach Redfish BMCs over plain http
+    # admin only, set with the password: the password also goes to a BMC that a discovery reports inside
+    # this network (a machine its rule registers), bound to that BMC from then on
+    bmc_password_range: str | None = Field(default=None, max_length=64)
 
 
 class CategoryCreate(CategoryBase):
@@ -112,4 +132,5 @@ class CategoryPublic(CategoryBase):
     health_policy: dict[str, Any] | None = None
     node_count: int = 0
     bmc_allow_http: bool = False  # set by an admin only: PUT /categories/{name}/bmc-allow-http
+    bmc_password_range: str | None = None  # set by an admin only, with the password
     created_at: datetime

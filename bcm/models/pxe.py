@@ -104,11 +104,35 @@ class PxeStatus(SQLModel):
     dnsmasq_restarts: int = 0
 
 
+class DiscoveredBmc(SQLModel):
+    """The machine's own BMC as the discovery image found it (``ipmitool lan print``; a lab VM's SMBIOS OEM
+    string ``bcm.bmc=<protocol>:<address>``). Claimed by an unauthenticated client: bcm sends a password only
+    where its category's admin-set range holds the address, and never powers a BMC another node has."""
+
+    protocol: str = Field(max_length=16)
+    address: str = Field(max_length=270)
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocol(cls, v: str) -> str:
+        from bcm.domain.power import check_bmc_protocol
+
+        return check_bmc_protocol(v)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        from bcm.domain.power import check_bmc_address
+
+        return check_bmc_address(v)
+
+
 class DiscoveryReport(SQLModel):
     """What a machine booted into the discovery image posts: its boot MAC and what it found."""
 
     mac: str
     facts: HardwareFacts
+    bmc: DiscoveredBmc | None = None
 
     @field_validator("mac")
     @classmethod
@@ -120,6 +144,7 @@ class DiscoveryAccepted(SQLModel):
     node: str
     state: str
     assigned: bool = False
+    provisioning: bool = False  # its category provisions it at once (zero-touch): it powers off, bcm powers it on
 
 
 class HelloRequest(SQLModel):

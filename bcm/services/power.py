@@ -61,10 +61,14 @@ def set_node_password(session: Session, state_dir: Path, names: list[str], passw
     return len(nodes)
 
 
-def set_category_password(session: Session, state_dir: Path, name: str, password: str, actor: str) -> None:
+def set_category_password(
+    session: Session, state_dir: Path, name: str, password: str, actor: str, *, discover_range: str | None = None
+) -> None:
     """Store the category's BMC password, bound to the BMCs its member nodes have now.
 
-    A node that joins the category later, or whose BMC changes, does not get it until an admin sets it again.
+    A node that joins the category later, or whose BMC changes, does not get it until an admin sets it again;
+    except a machine the category's discovery rule registers whose reported BMC lies in ``discover_range``
+    (zero-touch): it is bound to that BMC then. The range is set (or cleared) only with the password.
     """
     cat = cat_svc.get(session, name)
     members = list(session.exec(select(Node).where(Node.category_id == cat.id)))
@@ -76,10 +80,13 @@ def set_category_password(session: Session, state_dir: Path, name: str, password
             session.add(node)
     cat.bmc_password_enc = secrets.encrypt(state_dir, password)
     cat.bmc_password_targets = {n: t for n, t in sorted(current.items()) if t is not None}
+    cat.bmc_password_range = discover_range
     session.add(cat)
+    also = f", and BMCs discovered in {discover_range}" if discover_range else ""
     events.record(
-        session, actor, "category.bmc_password", name, f"BMC password set for {len(cat.bmc_password_targets)} node(s)"
-    )
+        session, actor, "category.bmc_password", name,
+        f"BMC password set for {len(cat.bmc_password_targets)} node(s){also}",
+    )  # fmt: skip
     session.flush()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import secrets
 import tarfile
@@ -33,6 +34,7 @@ from bcm.domain.facts import HardwareFacts
 from bcm.domain.inheritance import effective_settings
 from bcm.domain.kernel_args import check_kernel_args
 from bcm.domain.naming import normalize_mac
+from bcm.domain.power import BmcProtocol, parse_bmc_address, target_key
 from bcm.domain.states import State, Verb, next_state
 from bcm.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from bcm.models.base import utcnow
@@ -42,6 +44,7 @@ from bcm.models.node import Interface, Node
 from bcm.models.pxe import (
     AssignRequest,
     BootToken,
+    DiscoveredBmc,
     DiscoveryAccepted,
     DiscoveryReport,
     PxeConfig,
@@ -467,16 +470,83 @@ def discover(session: Session, settings: Settings, report: DiscoveryReport, peer
         session.add(Interface(node_id=node.id, name=_boot_nic(report.facts, report.mac), mac=report.mac, boot=True))
         how = f" (category {rule.name}'s rule)" if category_id is not None and rule is not None else ""
         events.record(session, ACTOR, "node.discovered", node.name, f"{report.mac} from {peer or 'unknown'}{how}")
-        if category_id is not None:
+        if category_id is not None and rule is not None:
             node.facts, node.updated_at = facts, utcnow()
             session.add(node)
             session.flush()
-            return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True)
+            provisioning = zero_touch(session, settings, node, rule, report.bmc)
+            return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True,
+                                     provisioning=provisioning)  # fmt: skip
     node.facts = facts
     node.updated_at = utcnow()
     session.add(node)
     session.flush()
     return DiscoveryAccepted(node=node.name, state=node.provision_state)
+
+
+def zero_touch(
+    session: Session, settings: Settings, node: Node, rule: Category, bmc: DiscoveredBmc | None
+) -> bool:
+    """A machine its category's rule just registered: take the BMC it reported, and provision it at once
+    where the category says so (``auto_provision``) and its BMC is usable. True when it was queued.
+
+    The report is unauthenticated, so a reported BMC is taken only when no other node has it (a machine
+    must not make bcm power-cycle someone else's node), and the category's password goes to it only inside
+    the range an admin set with that password (``bmc_password_range``).
+    """
+    from bcm.services import power as power_svc
+
+    if bmc is not None:
+        why = _bmc_taken(session, node, bmc)
+        if why:
+            events.record(session, ACTOR, "node.bmc", node.name, f"reported BMC {bmc.protocol} {bmc.address} "
+                          f"not taken: {why}", severity="warning")  # fmt: skip
+        else:
+            node.bmc_address, node.bmc_protocol = bmc.address, bmc.protocol
+            session.add(node)
+            target = target_key(BmcProtocol(bmc.protocol), parse_bmc_address(bmc.address))
+            bound = in_password_range(rule, bmc.address)
+            if bound:
+                rule.bmc_password_targets = {**(rule.bmc_password_targets or {}), node.name: target}
+                session.add(rule)
+            how = f"; category {rule.name}'s BMC password bound to it" if bound else ""
+            events.record(session, ACTOR, "node.bmc", node.name, f"BMC {target} reported at discovery{how}")
+            session.flush()
+    if not rule.auto_provision:
+        return False
+    missing = power_svc.load_targets(session, settings.state_dir, [node.name]).missing
+    if node.name in missing:
+        events.record(session, ACTOR, "node.provision", node.name, f"category {rule.name} provisions at once, "
+                      f"but not this node: {missing[node.name]}", severity="warning")  # fmt: skip
+        return False
+    nodes = node_svc.apply_verb(session, [node.name], Verb.PROVISION.value, ACTOR,
+                                f"zero-touch: category {rule.name} provisions the machines its rule registers")  # fmt: skip
+    queue(session, nodes)
+    return True
+
+
+def in_password_range(cat: Category, address: str) -> bool:
+    """Whether the category's BMC password may go to a BMC at ``address`` that a discovery reported."""
+    if not (cat.bmc_password_enc and cat.bmc_password_range):
+        return False
+    try:
+        host = ipaddress.ip_address(parse_bmc_address(address).host)
+        return host in ipaddress.ip_network(cat.bmc_password_range, strict=False)
+    except (ValueError, InvalidInput):
+        return False  # a host name is never inside a range
+
+
+def _bmc_taken(session: Session, node: Node, bmc: DiscoveredBmc) -> str | None:
+    """Why the reported BMC must not become this node's: another node has that BMC already."""
+    host = parse_bmc_address(bmc.address).host
+    target = target_key(BmcProtocol(bmc.protocol), parse_bmc_address(bmc.address))
+    like = session.exec(
+        select(Node).where(col(Node.bmc_address).contains(host, autoescape=True), Node.id != node.id).limit(100)
+    ).all()
+    from bcm.services import power as power_svc
+
+    others = [n for n, t in power_svc.current_targets(session, list(like)).items() if t == target]
+    return f"node {others[0]} has that BMC" if others else None
 
 
 def _refuse_discovery(session: Session, mac: str, peer: str | None, why: str) -> None:

@@ -14,6 +14,7 @@ Services flush but never commit: the request or background job owns the transact
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
 from bcm.domain.naming import expand_hostlist, fold_hostlist
-from bcm.domain.states import State
+from bcm.domain.states import State, Verb, next_state
 from bcm.drivers import wlm
 from bcm.errors import Conflict, NotFound
 from bcm.models.base import utcnow
@@ -445,3 +446,68 @@ def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> Wlm
             for m in nodes
         ],
     )
+
+
+# ---- zero-touch join ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """One cluster's zero-touch join: its members now and the booted nodes its categories add."""
+
+    cluster: str
+    kind: str
+    controller: str
+    members: list[str]
+    joining: list[str]
+    settings: dict[str, Any]
+    pending: list[str]  # nodes of those categories still provisioning or not yet inventoried
+    missing: str | None = None  # why the cluster cannot take nodes now (None: it can)
+
+
+def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
+    """Booted, inventoried, unlocked nodes in no cluster whose category names one (``wlm_cluster``)."""
+    cats = session.exec(select(Category.id, Category.wlm_cluster).where(col(Category.wlm_cluster).is_not(None))).all()
+    by_cluster: dict[str, list[int]] = {}
+    for cid, cluster in cats:
+        by_cluster.setdefault(str(cluster), []).append(cid or 0)
+    now = utcnow()
+    plans = []
+    for cluster, ids in sorted(by_cluster.items()):
+        in_cluster = select(WlmMember.node_id)
+        rows = session.exec(
+            select(Node).where(
+                col(Node.category_id).in_(ids),
+                col(Node.provision_state).in_([State.PROVISIONING.value, State.BOOTED.value]),
+                col(Node.id).not_in(in_cluster),
+            ).order_by(col(Node.name)).limit(limit)
+        ).all()  # fmt: skip
+        ready = [
+            n.name for n in rows
+            if n.provision_state == State.BOOTED.value and n.inventoried_at is not None and n.facts
+            and (n.lock_owner is None or (n.lock_expires is not None and n.lock_expires <= now))
+        ]  # fmt: skip
+        if not ready:
+            continue
+        pending = [n.name for n in rows if n.name not in ready]
+        row = session.exec(select(WlmCluster).where(WlmCluster.name == cluster)).first()
+        if row is None:
+            plans.append(JoinPlan(cluster, "", "", [], ready, {}, pending, f"no cluster named {cluster!r}"))
+            continue
+        ctl = session.get(Node, row.controller_id)
+        why = None if row.state in _LIVE else f"cluster {cluster} is {row.state}"
+        plans.append(JoinPlan(cluster, row.kind, ctl.name if ctl else "", member_names(session, row), ready,
+                              dict(row.settings or {}), pending, why))  # fmt: skip
+    return plans
+
+
+def fail_joining(session: Session, names: list[str], why: str, actor: str) -> None:
+    """Zero-touch nodes that did not join: ``failed``, the reason (a job's output) in last_error."""
+    for node in node_svc.get_many(session, names):
+        if node.provision_state in (State.RETIRED.value, State.FAILED.value):
+            continue
+        node.provision_state = next_state(node.name, node.provision_state, Verb.FAIL).value
+        node.last_error, node.updated_at = why[:4000], utcnow()
+        session.add(node)
+    events.record(session, actor, "node.join_failed", fold_hostlist(names), why[:500], severity="error")
+    session.flush()

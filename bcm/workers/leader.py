@@ -453,7 +453,7 @@ class Leadership:
         After a takeover (``previous``: a holder that did not give the lease up) dnsmasq starts half a lease
         later, beyond the old leader's leash (0.9 lease after its last good renewal, which was at least a
         lease ago): a margin for a machine so loaded that the old leash is late."""
-        from bcm.workers import audit, power, provision
+        from bcm.workers import audit, autojoin, power, provision
         from bcm.workers import wlm as wlm_worker
 
         app, engine, settings = self.app, self.engine, self.settings
@@ -463,8 +463,11 @@ class Leadership:
         app.state.health.start()
         wlm_sync = supervise("workload-manager sync", lambda: wlm_worker.sync_all(engine, settings),
                              settings.wlm.sync_interval_s, logger=wlm_worker.log)  # fmt: skip
+        joiner = autojoin.AutoJoin(engine, settings, app.state.runner)
+        joins = supervise("zero-touch join", joiner.tick, autojoin.TICK_S, logger=autojoin.log)
         for name, coro in (
             ("bcm-wlm-sync", wlm_sync),
+            ("bcm-autojoin", joins),
             ("bcm-power-poll", power.poll_loop(engine, settings)),  # supervised inside, as is pruning
             ("bcm-audit-prune", audit.loop(engine, settings)),
         ):

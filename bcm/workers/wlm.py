@@ -62,7 +62,9 @@ def _controller(engine: Engine, settings: Settings, name: str) -> tuple[wlm.Work
 # ---- deploy ----------------------------------------------------------------------------------------
 
 
-async def start_deploy(runner: Starter, kind: str, req: WlmDeployRequest, actor: str) -> WlmStarted:
+async def start_deploy(
+    runner: Starter, kind: str, req: WlmDeployRequest, actor: str, joining: list[str] | None = None
+) -> WlmStarted:
     """Validate and lock synchronously (404/409 come back to the caller), then deploy in the background.
 
     A ``wlm.deploy`` operation: its row, lease and the locks of the controller and members in one
@@ -70,7 +72,9 @@ async def start_deploy(runner: Starter, kind: str, req: WlmDeployRequest, actor:
     cluster ``failed``, never ``deploying``. Resumable: Ansible's roles are idempotent, so a deploy
     whose server went away runs again on the server that takes it up.
     """
-    spec = {"cluster": req.name, "verify": req.verify}
+    spec: dict[str, Any] = {"cluster": req.name, "verify": req.verify}
+    if joining:  # zero-touch: these join; each is verified on its own, ready only once its job passed
+        spec["joining"] = joining
     op_id = await runner.submit(
         "wlm.deploy", [], actor, None, spec=spec, extra=(kind, req, actor, runner.settings.state_dir)
     )
@@ -99,10 +103,12 @@ def _deploy_failed(s: Session, op: Operation, _settings: Settings, message: str)
 class _DeploySpec:
     name: str
     verify: bool
+    joining: tuple[str, ...] = ()
 
 
 async def _deploy_run(job: Job) -> None:
-    await _deploy(job, job.op_id, _DeploySpec(job.spec["cluster"], bool(job.spec["verify"])), job.actor)
+    spec = _DeploySpec(job.spec["cluster"], bool(job.spec["verify"]), tuple(job.spec.get("joining") or ()))
+    await _deploy(job, job.op_id, spec, job.actor)
 
 
 DEPLOY = Handler(
@@ -184,7 +190,15 @@ async def _deploy(runner: Job, op_id: int, req: _DeploySpec, actor: str) -> None
         )
     verify_error = None
     unregistered = [n for n in deployed if per_host[n]["status"] != "ok"]
-    if error is None and req.verify and unregistered:
+    if error is None and req.joining:
+        # zero-touch: the joining nodes are ready only once their own one-node job passed
+        await anyio.to_thread.run_sync(
+            _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text, set(req.joining)
+        )
+        verify_error = await _verify_joining(runner, op_id, req.name, list(req.joining), per_host, actor)
+        await anyio.to_thread.run_sync(_finish_op, engine, op_id, verify_error)
+        return
+    elif error is None and req.verify and unregistered:
         # a job on nodes the controller does not see would only say "nodes are busy"
         log_text += f"verify: skipped: {fold_hostlist(unregistered)} did not register with the controller\n"
     elif error is None and req.verify and deployed:
@@ -196,10 +210,71 @@ async def _deploy(runner: Job, op_id: int, req: _DeploySpec, actor: str) -> None
         verify_error = None if verified.ok else f"verification job failed: {verified.message}"
         await anyio.to_thread.run_sync(_finish_op, engine, op_id, verify_error)
         return
+    if req.joining:  # the deploy failed (or left them out): they did not join
+        await anyio.to_thread.run_sync(
+            _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text, set(req.joining)
+        )
+        why = error or "; ".join(f"{n}: {per_host.get(n, {}).get('error') or 'not deployed'}" for n in req.joining)
+        await anyio.to_thread.run_sync(_fail_joining, engine, list(req.joining), f"zero-touch join failed: {why}")
+        await anyio.to_thread.run_sync(_finish_op, engine, op_id, error or why)
+        return
     await anyio.to_thread.run_sync(
         _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text
     )
     await anyio.to_thread.run_sync(_finish_op, engine, op_id, error)
+
+
+def _fail_joining(engine: Engine, names: list[str], why: str) -> None:
+    with session_scope(engine) as s:
+        svc.fail_joining(s, names, why, "bcm:zero-touch")
+
+
+async def _verify_joining(
+    runner: Job, op_id: int, name: str, joining: list[str], per_host: dict[str, dict[str, Any]], actor: str
+) -> str | None:
+    """One verification job per joining node: pass → ready; fail (or not deployed) → failed with the job's
+    output in last_error. The operation's error names the nodes that failed (None: all joined)."""
+    engine, settings = runner.engine, runner.settings
+    manager, target = await anyio.to_thread.run_sync(_controller, engine, settings, name)
+
+    def gpu_nodes() -> set[str]:
+        with session_scope(engine) as s:
+            nodes = node_svc.get_many(s, joining)
+            ids = svc.nodes_with_gpus(s, [n.id for n in nodes if n.id is not None])
+            return {n.name for n in nodes if n.id in ids}
+
+    with_gpus = await anyio.to_thread.run_sync(gpu_nodes)
+    client = _ssh(settings)
+    failed: dict[str, str] = {}
+    lines = []
+    for n in joining:
+        if per_host.get(n, {}).get("status") != "ok":
+            failed[n] = f"zero-touch join failed: deploy: {per_host.get(n, {}).get('error') or 'not deployed'}"
+            lines.append(f"join {n}: not deployed\n")
+            continue
+        try:
+            result = await manager.verify(client, target, [n], timeout_s=VERIFY_TIMEOUT_S, gpus=n in with_gpus)
+        except DriverError as exc:
+            result = wlm.VerifyResult(False, exc.message)
+        lines.append(f"verify {n}: {'passed' if result.ok else 'FAILED'}: {result.message}\n")
+        if not result.ok:
+            failed[n] = f"zero-touch join: verification job failed: {result.message}\n{result.output[-1500:]}"
+
+    def record() -> None:
+        with session_scope(engine) as s:
+            ok = [n for n in joining if n not in failed]
+            if ok:
+                node_svc.join_workload_manager(s, ok)
+            for n, why in failed.items():
+                svc.fail_joining(s, [n], why, actor)
+            op = op_svc.get(s, op_id)
+            results = {n: {"status": "failed", "error": failed[n][:500]} if n in failed else {"status": "ok", "joined": True}
+                       for n in joining}  # fmt: skip
+            op_svc.add_results(s, op, results, "".join(lines))
+
+    await anyio.to_thread.run_sync(record)
+    await _settle_states(manager, client, target, engine, name, joining)
+    return f"did not join: {fold_hostlist(sorted(failed))}" if failed else None
 
 
 def _record_hosts(
@@ -211,7 +286,10 @@ def _record_hosts(
     error: str | None,
     actor: str,
     log_text: str = "",
+    hold: set[str] | None = None,
 ) -> None:
+    """The deploy's per-host results; members deployed become ready (but those in ``hold``: zero-touch
+    nodes wait for their own verification job)."""
     hosts = [h.name for h in p.hosts]
     if error and not per_host:  # nothing ran: say so for every host
         per_host = {h: {"status": "skipped", "error": error} for h in hosts}
@@ -220,7 +298,7 @@ def _record_hosts(
         summary = f"changed={sum(int(r.get('changed', 0)) for r in per_host.values())}\n"
         op_svc.add_results(s, op, per_host, log_text + (f"error: {error}\n" if error else "") + summary)
         failed = {n: str(r.get("error") or r["status"]) for n, r in per_host.items() if r["status"] != "ok"}
-        ok_nodes = [n for n in p.members if n not in failed]
+        ok_nodes = [n for n in p.members if n not in failed and n not in (hold or ())]
         svc.finish_deploy(s, name, ok_nodes=ok_nodes, failed=failed, error=error, actor=actor)
 
 

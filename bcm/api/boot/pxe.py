@@ -98,6 +98,10 @@ async def discover(request: Request) -> DiscoveryAccepted:
 
     accepted = await anyio.to_thread.run_sync(work)
     await _sync_dnsmasq(request)
+    if accepted.provisioning:  # zero-touch: queued in that transaction; the provisioner powers it on
+        provisioner = getattr(getattr(request.app.state, "runner", None), "provisioner", None)
+        if provisioner is not None:
+            provisioner.wake()
     return accepted
 
 

@@ -3,10 +3,11 @@ plain-http permission. Everything that decides where a password may go is admin 
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import StrictBool
+from pydantic import StrictBool, field_validator
 from sqlmodel import Field, SQLModel
 
 from bcm.api.deps import Admin, Operator, SessionDep, actor
@@ -28,6 +29,23 @@ class PasswordRequest(SQLModel):
 
 class CategoryPasswordRequest(SQLModel):
     password: str = Field(min_length=1, max_length=128, repr=False)
+    # zero-touch: the network whose BMCs, as discoveries report them, get this password too (None: none)
+    discover_range: str | None = Field(default=None, max_length=64)
+
+    @field_validator("discover_range")
+    @classmethod
+    def _range(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        try:
+            net = ipaddress.ip_network(v.strip(), strict=False)
+        except ValueError:
+            raise InvalidInput(f"discover_range: {v[:64]!r} is not a network (like 10.1.0.0/24)",
+                               field="discover_range") from None  # fmt: skip
+        if net.num_addresses > 65536:
+            raise InvalidInput(f"discover_range: {net} holds more than 65536 addresses; name the BMC network",
+                               field="discover_range")  # fmt: skip
+        return str(net)
 
 
 class NodesRequest(SQLModel):
@@ -76,8 +94,9 @@ def set_category_password(
 ) -> dict[str, Any]:
     """Store the BMC password a category's nodes inherit, encrypted; it is never returned."""
     svc.set_category_password(
-        session, request.app.state.settings.state_dir, name, body.password, actor(token)
-    )
+        session, request.app.state.settings.state_dir, name, body.password, actor(token),
+        discover_range=body.discover_range,
+    )  # fmt: skip
     return {"updated": 1}
 
 
