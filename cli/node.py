@@ -365,6 +365,50 @@ def discovered(
     )
 
 
+@app.command("wait")
+def wait_for(
+    nodes: Annotated[str, typer.Argument(help="node name or hostlist, e.g. zt[01-03]")],
+    state: Annotated[str, typer.Option(help="the state every node must reach (ready, booted, failed, …)")] = "ready",
+    timeout: Annotated[float, typer.Option(help="seconds to wait at most", min=1, max=86400)] = 1800,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until every named node is in STATE (nodes that do not exist yet, e.g. zero-touch names not handed
+    out, are waited for too); exit non-zero naming each node that failed meanwhile or when time runs out."""
+    from bcm.domain.naming import expand_hostlist
+
+    c = client()
+    try:
+        wanted = expand_hostlist(nodes)
+    except Exception as exc:  # noqa: BLE001  (InvalidInput: one readable line)
+        raise CliError(str(getattr(exc, "message", exc))) from None
+    if len(wanted) > 1000:
+        raise CliError(f"{len(wanted)} nodes: wait for at most 1000 at once")
+    deadline = time.monotonic() + timeout
+    seen: dict[str, str] = {}
+    while True:  # bounded by timeout
+        items = c.get("/api/v1/nodes", nodes=nodes, limit=len(wanted))["items"]
+        by_name = {n["name"]: n for n in items}
+        for name, n in sorted(by_name.items()):
+            if seen.get(name) != n["provision_state"]:
+                seen[name] = n["provision_state"]
+                if not as_json:
+                    err.print(f"{name}: {n['provision_state']}")
+        failed = {k: v for k, v in by_name.items() if v["provision_state"] == "failed" and state != "failed"}
+        if failed:
+            raise CliError("; ".join(f"{k} failed: {(v.get('last_error') or '').splitlines()[0][:200]}"
+                                     for k, v in sorted(failed.items())))  # fmt: skip
+        if len(by_name) == len(wanted) and all(n["provision_state"] == state for n in by_name.values()):
+            break
+        if time.monotonic() > deadline:
+            late = [f"{k} ({seen.get(k, 'not there yet')})" for k in wanted if seen.get(k) != state]
+            raise CliError(f"not {state} after {timeout:.0f}s: {', '.join(late[:20])}")
+        time.sleep(3)
+    if as_json:
+        emit_json([by_name[n] for n in wanted])
+    else:
+        out.print(f"{nodes}: {state}")
+
+
 @app.command("assign")
 def assign(
     mac: Annotated[str, typer.Argument(help="the discovered machine's MAC (bcm node discovered)")],

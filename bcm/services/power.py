@@ -236,6 +236,13 @@ def note_power_state(session: Session, node: Node, state: PowerState, actor: str
     """Set the node's power state; a node that should be running but went off raises an event."""
     was = node.power_state
     node.power_state = state.value
+    if state is PowerState.OFF and _boot_died(node):
+        from bcm.services import pxe
+
+        pxe.fail(session, node, f"provisioning: the machine powered off before it called back (its BMC said off "
+                 f"at {utcnow():%H:%M:%S} UTC, {BOOT_GRACE_S:.0f}+ s after bcm powered it on): its boot failed; "
+                 "check its console")  # fmt: skip
+        return
     if state is PowerState.OFF and was != PowerState.OFF.value and node.provision_state in SHOULD_BE_ON:
         events.record(
             session,
@@ -245,6 +252,31 @@ def note_power_state(session: Session, node: Node, state: PowerState, actor: str
             f"node is {node.provision_state} but its BMC reports power off",
             severity="warning",
         )
+
+
+BOOT_GRACE_S = 30.0  # after the provisioning power-on, a machine that reads off has stopped on its own
+
+
+def _boot_died(node: Node) -> bool:
+    """A provisioning node that bcm powered on (its power step over, the node unlocked) and that is off now:
+    its boot stopped (a kernel panic with panic=-1, a broken image that powers off) and no callback will come."""
+    from datetime import timedelta
+
+    now = utcnow()
+    started = node.provision_started_at
+    locked = node.lock_owner is not None and (node.lock_expires is None or node.lock_expires > now)
+    return (
+        node.provision_state == "provisioning"
+        and started is not None
+        and not locked
+        and now - _aware(started) > timedelta(seconds=BOOT_GRACE_S)
+    )
+
+
+def _aware(t: Any) -> Any:
+    from datetime import UTC
+
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 def pollable(session: Session, after: str, limit: int) -> list[str]:

@@ -62,6 +62,27 @@ def test_a_discovered_machine_is_provisioned_at_once_through_the_bmc_it_reported
     assert machine.is_on() and machine.boot() == "default"  # powered on, its one-time network boot used
     assert any("reported at discovery" in e.message and "password bound" in e.message for e in events(engine, "node.bmc"))
 
+    # its boot dies (a kernel panic with panic=-1 powers it off): the power poll fails it at once, rather
+    # than after the provisioning deadline; within the grace after the power-on it is not judged yet
+    import asyncio
+    from datetime import timedelta
+
+    from bcm.models.node import Node
+    from bcm.services import power as power_svc
+    from bcm.workers import power as power_worker
+
+    machine.power_off()
+    assert asyncio.run(power_worker.poll_once(engine, settings)) == 1
+    assert node(api, "zt01")["provision_state"] == "provisioning"
+    with Session(engine) as s:
+        row = s.exec(select(Node).where(Node.name == "zt01")).one()
+        row.provision_started_at = row.provision_started_at - timedelta(seconds=power_svc.BOOT_GRACE_S + 1)  # type: ignore[operator]
+        s.add(row)
+        s.commit()
+    asyncio.run(power_worker.poll_once(engine, settings))
+    n = node(api, "zt01")
+    assert n["provision_state"] == "failed" and "powered off before it called back" in n["last_error"], n
+
 
 def test_no_password_outside_the_admins_range_and_never_another_nodes_bmc(
     api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]  # noqa: F811

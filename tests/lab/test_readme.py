@@ -33,10 +33,16 @@ ERROR = re.compile(r"^\s*(error:|Traceback \(most recent call last\))", re.IGNOR
 COMMAND_TIMEOUT_S = 1200
 
 
-def sh_lines(text: str) -> list[str]:
-    """Command lines of the ```sh blocks, in order (blank lines and whole-line comments dropped)."""
+def sh_lines(text: str, runner: str | None = None) -> list[str]:
+    """Command lines of the ```sh blocks, in order (blank lines and whole-line comments dropped).
+
+    A block right under ``<!-- run verbatim by tests/…/x.py … -->`` is another test's to run (that test
+    checks what the flow did, beyond exit codes): ``runner`` names it; None takes every other block."""
     lines: list[str] = []
-    for block in re.findall(r"^```sh\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+    pattern = r"(?:^<!-- run verbatim by ([\w./-]+)[^\n]*-->\n)?^```sh\n(.*?)^```"
+    for owner, block in re.findall(pattern, text, re.MULTILINE | re.DOTALL):
+        if (owner or None) != runner:
+            continue
         lines += [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     return lines
 
@@ -67,6 +73,10 @@ def wait_listening(port: int, server: subprocess.Popen[bytes], log: Path, timeou
 def test_sh_lines_are_found_in_order() -> None:
     text = "intro\n```sh\n# comment\na --x  # note\n\nb\n```\n```python\nc\n```\n```sh\nd &\n```\n"
     assert sh_lines(text) == ["a --x  # note", "b", "d &"]
+    owned = text + "<!-- run verbatim by tests/lab/x.py, which checks more -->\n```sh\ne\n```\n```sh\nf\n```\n"
+    assert sh_lines(owned) == ["a --x  # note", "b", "d &", "f"]
+    assert sh_lines(owned, "tests/lab/x.py") == ["e"]
+    assert sh_lines(README.read_text(), "tests/lab/test_zero_touch.py"), "the zero-touch flow is run by its test"
 
 
 @pytest.mark.timeout(3600)  # the flows boot two TCG VMs over PXE, among the rest

@@ -1,0 +1,121 @@
+"""Zero-touch end to end (#29), as the README's flow runs it, verbatim: `bcm serve` with a real dnsmasq on
+the lab's provisioning interface, four qemu VMs with unknown MACs behind IPMI and Redfish BMC emulators that
+name themselves in SMBIOS, one category with a discovery rule, auto-provisioning, BMC credentials bound to
+the BMC range, and a Slurm cluster with a namespace controller. After `bcm lab vm-power on --pxe` (the power
+buttons) no bcm command runs: the three good VMs are discovered, registered, provisioned through the BMCs
+they reported, booted, inventoried, joined to Slurm by one deploy and verified one by one → `ready`; the
+fourth, whose category's kernel arguments break its boot, ends `failed` with a clear `last_error` and
+delays nobody. Then this test checks what the flow did: states, the BMCs taken from the reports, Slurm's
+view, and that every operation on those nodes was started by bcm itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bcm.devserver import BCM, REPO, Server
+from bcm.domain.naming import expand_hostlist
+from bcm.lab.lab import Lab
+from tests.lab.test_readme import ERROR, README, sh_lines
+
+pytestmark = pytest.mark.lab
+
+COMMAND_TIMEOUT_S = 2700
+GOOD = ["zt01", "zt02", "zt03"]
+
+
+class Flow:
+    def __init__(self, server: Server, work: Path) -> None:
+        self.server, self.work = server, work
+        self.transcript: list[str] = []
+
+    def sh(self, line: str) -> None:
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=self.work, env=self.server.env(),
+                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)  # fmt: skip
+        output = done.stdout + done.stderr
+        self.transcript.append(f"$ {line}\n{output[-4000:]}")
+        if done.returncode != 0 or ERROR.search(output):
+            pytest.fail(f"README command failed (exit {done.returncode}): {line}\n\n" + "\n".join(self.transcript[-3:])
+                        + "\n\nserver log:\n" + self.server_log())  # fmt: skip
+
+    def json(self, *args: str) -> Any:
+        done = subprocess.run([*BCM, *args, "--json"], env=self.server.env(), cwd=REPO, capture_output=True,
+                              text=True, timeout=300, check=False)  # fmt: skip
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+        return json.loads(done.stdout)
+
+    def server_log(self) -> str:
+        log = getattr(self.server, "log", None)
+        return Path(log).read_text(errors="replace")[-6000:] if log and Path(log).exists() else "(none)"
+
+
+@pytest.fixture
+def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
+    server = Server(tmp_path / "state", host="0.0.0.0")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/bcm` is this environment's bcm
+    f = Flow(server, work)
+    try:
+        server.start()
+        yield f
+    finally:
+        (tmp_path / "transcript.txt").write_text("\n".join(f.transcript) + "\n")
+        try:
+            subprocess.run([*BCM, "pxe", "disable"], env=server.env(), cwd=REPO, capture_output=True, timeout=120,
+                           check=False)  # fmt: skip
+            leftover = Lab(server.state_dir / "lab" / "bcmlab", "bcmlab")
+            if leftover.is_up():
+                leftover.down()
+        finally:
+            server.stop()
+
+
+@pytest.mark.timeout(3 * COMMAND_TIMEOUT_S)
+def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
+    lines = sh_lines(README.read_text(), "tests/lab/test_zero_touch.py")
+    teardown = next(i for i, line in enumerate(lines) if "pxe disable" in line)
+    power_on = next(i for i, line in enumerate(lines) if "vm-power on" in line)
+    assert all(".venv/bin/bcm node wait" in ln or "wlm status" in ln for ln in lines[power_on + 1 : teardown]), (
+        "after the power buttons the flow only waits and reads"
+    )
+    for line in lines[:teardown]:
+        flow.sh(line)
+
+    nodes = {n: flow.json("node", "show", n) for n in [*GOOD, "bad01"]}
+    for name in GOOD:
+        n = nodes[name]
+        assert n["provision_state"] == "ready" and n["category"] == "zt" and n["last_error"] is None, n
+        assert n["bmc_address"] and n["bmc_protocol"] in ("ipmi", "redfish"), n  # taken from its discovery report
+        assert n["inventoried_at"] and n["interfaces"][0]["ip"].startswith("198.18.0."), n
+    bad = nodes["bad01"]
+    assert bad["provision_state"] == "failed" and bad["category"] == "bad", bad
+    assert "powered off before it called back" in bad["last_error"], bad["last_error"]
+
+    cluster = flow.json("wlm", "status", "zt")
+    states = {m["name"]: m["wlm_state"] for m in cluster["members"]}
+    assert {n: states.get(n) for n in GOOD} == dict.fromkeys(GOOD, "idle"), cluster
+    assert "bad01" not in states
+
+    # nobody typed a command for these nodes: every operation that touched them was bcm's own
+    ops = flow.json("op", "list", "--limit", "200")
+    ops = ops["items"] if isinstance(ops, dict) else ops
+    touching = [o for o in ops if o["targets"] and set(expand_hostlist(o["targets"])) & {*GOOD, "bad01"}]
+    assert touching and all((o["created_by"] or "").startswith("bcm:") for o in touching), [
+        (o["kind"], o["targets"], o["created_by"]) for o in touching
+    ]
+    kinds = {o["kind"] for o in touching}
+    assert {"provision", "inventory"} <= kinds, kinds
+    joins = [o for o in ops if o["kind"] == "wlm.deploy" and o["created_by"] == "bcm:zero-touch"]
+    assert joins and all(o["state"] == "succeeded" for o in joins), joins
+    assert len(joins) <= 2, joins  # the rack joined in one deploy (two at most when one VM lagged by minutes)
+
+    for line in lines[teardown:]:
+        flow.sh(line)
