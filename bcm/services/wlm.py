@@ -453,7 +453,8 @@ def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> Wlm
 
 @dataclass(frozen=True)
 class JoinPlan:
-    """One cluster's zero-touch join: its members now and the booted nodes its categories add."""
+    """One cluster's zero-touch change: its members now, the booted nodes its categories add (or bring back
+    after a reimage) and the retired members that leave."""
 
     cluster: str
     kind: str
@@ -462,11 +463,17 @@ class JoinPlan:
     joining: list[str]
     settings: dict[str, Any]
     pending: list[str]  # nodes of those categories still provisioning or not yet inventoried
-    missing: str | None = None  # why the cluster cannot take nodes now (None: it can)
+    missing: str | None = None  # why the cluster cannot change now (None: it can)
+    leaving: tuple[str, ...] = ()
+
+    def nodes(self) -> list[str]:
+        """The cluster's compute nodes after the change."""
+        return sorted({*self.members, *self.joining} - set(self.leaving))
 
 
 def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
-    """Booted, inventoried, unlocked nodes in no cluster whose category names one (``wlm_cluster``)."""
+    """For each cluster a category names (``wlm_cluster``): the booted, inventoried, unlocked nodes of those
+    categories in no other cluster (a member back from a reimage is verified again), and its retired members."""
     cats = session.exec(select(Category.id, Category.wlm_cluster).where(col(Category.wlm_cluster).is_not(None))).all()
     by_cluster: dict[str, list[int]] = {}
     for cid, cluster in cats:
@@ -474,12 +481,15 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
     now = utcnow()
     plans = []
     for cluster, ids in sorted(by_cluster.items()):
-        in_cluster = select(WlmMember.node_id)
+        row = session.exec(select(WlmCluster).where(WlmCluster.name == cluster)).first()
+        elsewhere = select(WlmMember.node_id)
+        if row is not None:
+            elsewhere = elsewhere.where(WlmMember.cluster_id != row.id)
         rows = session.exec(
             select(Node).where(
                 col(Node.category_id).in_(ids),
                 col(Node.provision_state).in_([State.PROVISIONING.value, State.BOOTED.value]),
-                col(Node.id).not_in(in_cluster),
+                col(Node.id).not_in(elsewhere),
             ).order_by(col(Node.name)).limit(limit)
         ).all()  # fmt: skip
         ready = [
@@ -487,17 +497,25 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
             if n.provision_state == State.BOOTED.value and n.inventoried_at is not None and n.facts
             and (n.lock_owner is None or (n.lock_expires is not None and n.lock_expires <= now))
         ]  # fmt: skip
-        if not ready:
+        members = member_names(session, row) if row is not None else []
+        leaving: tuple[str, ...] = ()
+        if row is not None and members:
+            gone = session.exec(
+                select(Node.name).join(WlmMember, col(WlmMember.node_id) == col(Node.id)).where(
+                    WlmMember.cluster_id == row.id, WlmMember.role == WlmRole.COMPUTE.value,
+                    Node.provision_state == State.RETIRED.value)
+            ).all()  # fmt: skip
+            leaving = tuple(sorted(gone))
+        if not ready and not leaving:
             continue
         pending = [n.name for n in rows if n.name not in ready]
-        row = session.exec(select(WlmCluster).where(WlmCluster.name == cluster)).first()
         if row is None:
             plans.append(JoinPlan(cluster, "", "", [], ready, {}, pending, f"no cluster named {cluster!r}"))
             continue
         ctl = session.get(Node, row.controller_id)
         why = None if row.state in _LIVE else f"cluster {cluster} is {row.state}"
-        plans.append(JoinPlan(cluster, row.kind, ctl.name if ctl else "", member_names(session, row), ready,
-                              dict(row.settings or {}), pending, why))  # fmt: skip
+        plans.append(JoinPlan(cluster, row.kind, ctl.name if ctl else "", members, ready,
+                              dict(row.settings or {}), pending, why, leaving))  # fmt: skip
     return plans
 
 

@@ -37,14 +37,16 @@ RETRY_S = 60.0  # after a join deploy started, the cluster's next one waits at l
 
 
 def request(plan: svc.JoinPlan) -> WlmDeployRequest:
-    """The deploy that adds ``plan.joining`` to the cluster as it is (its settings and members kept)."""
-    nodes = fold_hostlist(sorted({*plan.members, *plan.joining}))
+    """The deploy that adds ``plan.joining`` to the cluster as it is (its settings and members kept) and
+    leaves ``plan.leaving`` out; a change that only removes nodes verifies nothing."""
+    nodes = fold_hostlist(plan.nodes())
+    verify = bool(plan.joining)
     if plan.kind == "kubernetes":
-        return KubernetesDeployRequest(name=plan.cluster, controller=plan.controller, nodes=nodes,
+        return KubernetesDeployRequest(name=plan.cluster, controller=plan.controller, nodes=nodes, verify=verify,
                                        settings=k8s.KubernetesSettings.model_validate(plan.settings))  # fmt: skip
     from bcm.domain.slurm import SlurmSettings
 
-    return SlurmDeployRequest(name=plan.cluster, controller=plan.controller, nodes=nodes,
+    return SlurmDeployRequest(name=plan.cluster, controller=plan.controller, nodes=nodes, verify=verify,
                               settings=SlurmSettings.model_validate(plan.settings))  # fmt: skip
 
 
@@ -78,20 +80,28 @@ class AutoJoin:
             self.told.discard(plan.cluster)
             if now < self.next_try.get(plan.cluster, 0.0):
                 continue
-            oldest = min(self.first_seen[n] for n in plan.joining)
-            if plan.pending and now - oldest < HOLD_S:
-                continue  # the rest of the rack is still booting
+            if plan.joining:
+                oldest = min(self.first_seen[n] for n in plan.joining)
+                if plan.pending and now - oldest < HOLD_S:
+                    continue  # the rest of the rack is still booting
+            if not plan.nodes():
+                if plan.cluster not in self.told:
+                    self.told.add(plan.cluster)
+                    log.warning("zero-touch: %s leave %s, which would have no node left: not deployed",
+                                fold_hostlist(list(plan.leaving)), plan.cluster)  # fmt: skip
+                continue
             try:
                 req = request(plan)
-                started_op = await wlm_worker.start_deploy(self.runner, plan.kind, req, ACTOR, joining=plan.joining)
+                started_op = await wlm_worker.start_deploy(self.runner, plan.kind, req, ACTOR,
+                                                           joining=plan.joining or None)  # fmt: skip
             except BcmError as exc:  # locked, deploying: the next round tries again
                 log.info("zero-touch: %s join %s later: %s", fold_hostlist(plan.joining), plan.cluster, exc.message)
                 self.next_try[plan.cluster] = now + TICK_S * 2
                 continue
             self.next_try[plan.cluster] = now + RETRY_S
             started.append(started_op.operation_id)
-            log.info("zero-touch: %s join %s (operation %s)", fold_hostlist(plan.joining), plan.cluster,
-                     started_op.operation_id)  # fmt: skip
+            log.info("zero-touch: %s join %s, %s leave (operation %s)", fold_hostlist(plan.joining) or "none",
+                     plan.cluster, fold_hostlist(list(plan.leaving)) or "none", started_op.operation_id)  # fmt: skip
         return started
 
     def _event(self, plan: svc.JoinPlan, message: str) -> None:

@@ -214,3 +214,32 @@ def test_booted_nodes_join_their_categorys_cluster_in_one_batch(api: TestClient,
     asyncio.run(joiner.tick())
     assert runner.started[-1][1]["joining"] == ["zt01", "zt02", "zt03"]  # zt01 again: it has not joined yet
     assert "zt04" not in runner.started[-1][2][1].nodes  # failed nodes never join
+
+    # zt01 joined (a member, ready); zt02 was reimaged and is booted again: verified again; zt03 retired: it
+    # leaves, and the deploy that takes it out names only the rest
+    with Session(engine) as s:
+        cluster = s.exec(select(WlmCluster).where(WlmCluster.name == "zc")).one()
+        rows = {n.name: n for n in s.exec(select(Node))}
+        for name, state in (("zt01", "ready"), ("zt02", "booted"), ("zt03", "retired")):
+            s.add(WlmMember(cluster_id=cluster.id, node_id=rows[name].id, role="compute"))
+            rows[name].provision_state = state
+            s.add(rows[name])
+        s.commit()
+    [p] = plans()
+    assert p.members == ["ctl", "zt01", "zt02", "zt03"] and p.joining == ["zt02"] and p.leaving == ("zt03",), p
+    assert p.nodes() == ["ctl", "zt01", "zt02"]
+    now[0] += autojoin.RETRY_S + 1
+    asyncio.run(joiner.tick())
+    _verb, spec, (_kind, req, _a, _d) = runner.started[-1]
+    assert spec["joining"] == ["zt02"] and req.nodes == "ctl,zt[01-02]" and req.verify is True
+    with Session(engine) as s:
+        rows = {n.name: n for n in s.exec(select(Node))}
+        rows["zt02"].provision_state = "ready"
+        s.add(rows["zt02"])
+        s.commit()
+    [p] = plans()  # only a departure: a deploy without it, and no verification job
+    assert p.joining == [] and p.leaving == ("zt03",)
+    now[0] += autojoin.RETRY_S + 1
+    asyncio.run(joiner.tick())
+    _verb, spec, (_kind, req, _a, _d) = runner.started[-1]
+    assert "joining" not in spec and spec["verify"] is False and req.nodes == "ctl,zt[01-02]"
