@@ -243,3 +243,14 @@ def test_booted_nodes_join_their_categorys_cluster_in_one_batch(api: TestClient,
     asyncio.run(joiner.tick())
     _verb, spec, (_kind, req, _a, _d) = runner.started[-1]
     assert "joining" not in spec and spec["verify"] is False and req.nodes == "ctl,zt[01-02]"
+
+
+def test_a_kubernetes_cluster_is_joined_with_its_own_settings() -> None:
+    from bcm.models.wlm import KubernetesDeployRequest
+    from bcm.services.wlm import JoinPlan
+    from bcm.workers import autojoin
+
+    plan = JoinPlan("k8s", "kubernetes", "cp", ["node02"], ["zt01"], {"mode": "lab"}, [])
+    req = autojoin.request(plan)
+    assert isinstance(req, KubernetesDeployRequest) and req.nodes == "node02,zt01" and req.controller == "cp"
+    assert req.settings.mode == "lab" and req.verify is True
