@@ -3,7 +3,7 @@ provisioning queue behind ``provision`` (a real IPMI BMC emulator on loopback po
 the one-time boot token (Ironic's rule), the overlay, the callback, deadlines and a server restart.
 
 The image served is published by the images service from small files (the artifacts' bytes do not matter
-to the boot script; a real build and a real VM boot are in tests/lab/test_pxe.py).
+to the boot script; a real build and real VM boots are in tests/lab/test_zero_touch.py and the README flows).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ udhcpc, the initramfs's own hook); in proxy mode their addresses come from elsew
 second address fetches the node's script, and tries the node's token at overlay and hello: refused.
 
 The image served is published by the images service from small files (as tests/api/test_pxe_api.py does;
-the real build and VM boot are in tests/lab/test_pxe.py); the node's BMC is a real ipmi_sim on loopback.
+the real build and VM boots are in tests/lab/test_zero_touch.py); the node's BMC is a real ipmi_sim on loopback.
 """
 
 from __future__ import annotations

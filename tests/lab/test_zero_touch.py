@@ -5,13 +5,19 @@ the BMC range, and a Slurm cluster with a namespace controller. After `bcm lab v
 buttons) no bcm command runs: the three good VMs are discovered, registered, provisioned through the BMCs
 they reported, booted, inventoried, joined to Slurm by one deploy and verified one by one → `ready`; the
 fourth, whose category's kernel arguments break its boot, ends `failed` with a clear `last_error` and
-delays nobody. Then this test checks what the flow did: states, the BMCs taken from the reports, Slurm's
-view, and that every operation on those nodes was started by bcm itself.
+delays nobody. Then this test checks what the flow did: states, the BMCs taken from the reports, the SSH
+host keys bcm pinned before the first boot, Slurm's view, and that every operation on those nodes was started
+by bcm itself. On the way, dnsmasq is killed before the power buttons: `bcm serve` starts it again, and the
+boots succeed. (The manual PXE chain, `bcm node assign|provision` and `bcm lab vm-bmc`, runs verbatim in
+tests/lab/test_readme.py; this test replaced tests/lab/test_pxe.py, which booted two more VMs for it.)
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +29,7 @@ import pytest
 from bcm.devserver import BCM, REPO, Server
 from bcm.domain.naming import expand_hostlist
 from bcm.lab.lab import Lab
+from tests.lab.test_health_e2e import until
 from tests.lab.test_readme import ERROR, README, sh_lines
 
 pytestmark = pytest.mark.lab
@@ -56,6 +63,21 @@ class Flow:
         return Path(log).read_text(errors="replace")[-6000:] if log and Path(log).exists() else "(none)"
 
 
+def dnsmasq_pid(flow: Flow) -> int | None:
+    try:
+        return int((flow.server.state_dir / "pxe" / "dnsmasq.pid").read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def dnsmasq_dies_and_comes_back(flow: Flow) -> None:
+    """dnsmasq killed: `bcm serve` supervises it and starts it again."""
+    first = until("dnsmasq to run", lambda: dnsmasq_pid(flow), 30, 0.5)
+    os.kill(first, signal.SIGKILL)
+    until("dnsmasq to be restarted", lambda: (p := dnsmasq_pid(flow)) not in (None, first)
+          and Path(f"/proc/{p}").exists(), 60, 0.5)  # fmt: skip
+
+
 @pytest.fixture
 def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
     server = Server(tmp_path / "state", host="0.0.0.0")
@@ -86,7 +108,11 @@ def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
     assert all(".venv/bin/bcm node wait" in ln or "wlm status" in ln for ln in lines[power_on + 1 : teardown]), (
         "after the power buttons the flow only waits and reads"
     )
-    for line in lines[:teardown]:
+    # the image the category names, built as the README's image section builds it
+    flow.sh(next(ln for ln in sh_lines(README.read_text()) if "bcm image build lab" in ln))
+    for i, line in enumerate(lines[:teardown]):
+        if i == power_on:
+            dnsmasq_dies_and_comes_back(flow)  # before the boots, which then still succeed
         flow.sh(line)
 
     nodes = {n: flow.json("node", "show", n) for n in [*GOOD, "bad01"]}
@@ -98,6 +124,22 @@ def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
     bad = nodes["bad01"]
     assert bad["provision_state"] == "failed" and bad["category"] == "bad", bad
     assert "powered off before it called back" in bad["last_error"], bad["last_error"]
+
+    # each answers SSH with exactly the host key bcm made and pinned before its first boot
+    with sqlite3.connect(flow.server.state_dir / "bcm.db") as db:
+        pins = dict(db.execute("SELECT name, ssh_host_key FROM node WHERE name LIKE 'zt%'").fetchall())
+    key = flow.server.state_dir / "ssh" / "id_ed25519"
+    for name in GOOD:
+        ip = nodes[name]["interfaces"][0]["ip"]
+        assert pins[name] and pins[name].startswith("ssh-ed25519 ")
+        known = flow.work / f"kh-{name}"
+        known.write_text(f"{ip} {pins[name]}\n")
+        ssh = subprocess.run(
+            ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={known}", "-o", "ConnectTimeout=10", f"root@{ip}", "hostname"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert ssh.returncode == 0 and ssh.stdout.strip() == name, ssh.stderr
 
     cluster = flow.json("wlm", "status", "zt")
     states = {m["name"]: m["wlm_state"] for m in cluster["members"]}
