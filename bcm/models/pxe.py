@@ -166,6 +166,24 @@ class HelloRequest(SQLModel):
         return None if v is None else check_host_key(v, "host_key")
 
 
+class BootFailure(SQLModel):
+    """The image's init could not boot the node (the root image's checksum, a fetch, a mount): its one line,
+    sent with the attempt's one-time token, fails the node at once instead of at the provisioning deadline."""
+
+    mac: str
+    message: str = Field(min_length=1, max_length=500)
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str) -> str:
+        return normalize_mac(v)
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, v: str) -> str:
+        return "".join(c if c.isprintable() else " " for c in v).strip() or "(no message)"
+
+
 class HelloAnswer(SQLModel):
     node: str
     state: str

@@ -369,6 +369,17 @@ def host_key_source(session: Session, node: Node) -> str:
     return (cat.host_key_source if cat else None) or "bcm"
 
 
+def boot_failed(session: Session, mac: str, token: str | None, peer: str | None, message: str) -> Node:
+    """The node's init reports that its boot failed: the attempt's token is used up and the node fails, with
+    the init's line in last_error (what the console shows), at once rather than at the deadline."""
+    node, row = check_boot_token(session, mac, token, peer)
+    row.used_at, row.token_enc = utcnow(), None
+    session.add(row)
+    fail(session, node, f"provisioning: the boot failed on the node ({peer or 'unknown'}): {message}")
+    session.flush()
+    return node
+
+
 def hello(
     session: Session, mac: str, token: str | None, peer: str | None, host_key: str | None = None
 ) -> tuple[Node, str]:

@@ -463,3 +463,32 @@ def test_a_token_goes_only_to_the_address_leased_to_the_mac(
     assert mine.purpose == "image" and "bcm.token=" in mine.text
     assert node(api, "gpu01")["provision_state"] == "provisioning"  # a refusal does not fail the node
     assert any("refused to 198.18.80.134" in e.message for e in events(engine, "boot.script"))
+
+
+def test_the_init_reports_a_failed_boot_with_the_attempts_token(
+    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]
+) -> None:
+    """templates/image/init's fail() posts its line with the one-time token: the node fails at once."""
+    publish_image(engine, settings)
+    add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"], image="img")
+    assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
+    provision_op(api, "gpu01")
+    token = token_of(script(api, MAC)[1])
+
+    def failed(tok: str | None, body: dict[str, Any]) -> Any:
+        return api.post("/boot/v1/failed", json=body, headers={"Authorization": f"Bearer {tok}" if tok else ""})
+
+    line = {"mac": MAC, "message": "bcm-init: sha256 of http://h/rootfs.squashfs is not 1f2e\x07"}
+    assert failed(None, line).status_code == 401
+    assert failed("bcmboot_" + "x" * 43, line).status_code == 401
+    assert failed(token, {**line, "mac": "52:54:00:aa:00:02"}).status_code == 403  # another machine's
+    assert failed(token, {**line, "message": "x" * 501}).status_code == 422
+    assert node(api, "gpu01")["provision_state"] == "provisioning"  # nothing of that changed anything
+    r = failed(token, line)
+    assert r.status_code == 200 and r.json() == {"node": "gpu01", "state": "failed"}, r.text
+    n = node(api, "gpu01")
+    assert n["provision_state"] == "failed"
+    assert n["last_error"].endswith("bcm-init: sha256 of http://h/rootfs.squashfs is not 1f2e"), n["last_error"]
+    assert failed(token, line).status_code == 401  # used up: it cannot fail the node's next attempt
+    init = (Path(__file__).resolve().parents[2] / "templates" / "image" / "init").read_text()
+    assert '"$server_url/boot/v1/failed"' in init and "Authorization: Bearer $token" in init

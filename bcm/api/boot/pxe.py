@@ -5,7 +5,8 @@
 - ``POST /boot/v1/discover``: the discovery image reports a machine's facts;
 - ``GET /boot/v1/overlay/{mac}``: the node's own files (host key, hostname, hosts, callback), with its
   one-time boot token as the bearer token, only from the address the boot is bound to;
-- ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once, from that address).
+- ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once, from that address);
+- ``POST /boot/v1/failed``: the image's init could not boot: with that token, the node fails at once.
 
 The client address is the socket's (``request.client``), never a header. A failed boot-token check is
 counted against the client (``auth_failures``: a 429 once over the limit); a valid token is checked first
@@ -28,7 +29,7 @@ from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
 from bcm.drivers import dnsmasq
 from bcm.errors import Forbidden, InvalidInput, Unauthorized
-from bcm.models.pxe import DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
+from bcm.models.pxe import BootFailure, DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
 from bcm.services import pxe as svc
 
 router = APIRouter(prefix="/boot/v1", tags=["boot"])
@@ -125,6 +126,23 @@ async def overlay(mac: MacPath, request: Request) -> Response:
 
     data = await _braked(request, peer, work)
     return Response(data, media_type="application/gzip", headers={"Cache-Control": "no-store"})
+
+
+@router.post("/failed", dependencies=[Depends(bearer_present)])
+async def boot_failed(body: BootFailure, request: Request) -> dict[str, str]:
+    """The image's init could not boot: with the attempt's one-time token, the node fails at once."""
+    engine = request.app.state.engine
+    token = bearer(request)
+    peer = _peer(request)
+
+    def work() -> dict[str, str]:
+        with session_scope(engine) as session:
+            node = svc.boot_failed(session, body.mac, token, peer, body.message)
+            return {"node": node.name, "state": node.provision_state}
+
+    answer = await _braked(request, peer, work)
+    await _sync_dnsmasq(request)
+    return answer
 
 
 @router.post("/hello", response_model=HelloAnswer, dependencies=[Depends(bearer_present)])
