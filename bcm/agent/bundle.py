@@ -13,7 +13,7 @@ import io
 import zipfile
 from pathlib import Path
 
-AGENT_MODULES = ("__init__", "collector", "fake_nvml", "main", "nvml", "reporter", "schema")
+AGENT_MODULES = ("__init__", "collector", "facts", "fake_nvml", "main", "nvml", "reporter", "schema")
 SHEBANG = b"#!/usr/bin/env python3\n"
 _MAIN = "import sys\nfrom bcm.agent.main import main\n\nsys.exit(main())\n"
 # A fixed timestamp keeps the archive byte-for-byte reproducible.

@@ -26,7 +26,7 @@ import bcm
 from bcm.agent import schema
 from bcm.agent.collector import KmsgReader, XidWatcher, collect, utc_iso
 from bcm.agent.nvml import NvmlBackend, NvmlError, RealNvml
-from bcm.agent.reporter import DEFAULT_CONFIG_PATH, AgentConfig, ConfigError, Reporter
+from bcm.agent.reporter import DEFAULT_CONFIG_PATH, AgentConfig, ConfigError, Reporter, SendError, post_json
 
 log = logging.getLogger("bcm.agent")
 
@@ -157,6 +157,37 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+FACTS_TRIES = 3
+FACTS_RETRY_S = 10.0
+
+
+def push_facts(
+    config: AgentConfig,
+    *,
+    collect_facts: Callable[[], str] | None = None,
+    send: Callable[[str, str, bytes, float], int] = post_json,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Send this machine's hardware facts (the fact script's output, as an SSH inventory gets it) once, a
+    few tries at most; False when they did not arrive (the server's SSH inventory still can)."""
+    from bcm.agent.facts import collect_local
+
+    text = (collect_facts or collect_local)()
+    body = json.dumps({"output": text}).encode()
+    for attempt in range(1, FACTS_TRIES + 1):
+        try:
+            send(config.server_url + "/boot/v1/agent/facts", config.token, body, max(config.timeout_s, 30.0))
+            log.info("facts sent (%d bytes)", len(text))
+            return True
+        except SendError as exc:
+            log.warning("facts not sent (attempt %d of %d): %s", attempt, FACTS_TRIES, exc)
+            if not exc.retryable:
+                return False
+        if attempt < FACTS_TRIES:
+            sleep(FACTS_RETRY_S)
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -184,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bcm-agent: {exc}", file=sys.stderr)
         return 2
+    if config.push_facts:
+        push_facts(config)
     reporter = Reporter(
         config.server_url, config.token, buffer_max=config.buffer_max, timeout_s=config.timeout_s
     )

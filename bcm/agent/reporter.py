@@ -47,6 +47,7 @@ class AgentConfig:
     buffer_max: int = 120
     timeout_s: float = 10.0
     kmsg: bool | None = None  # None: read the kernel log only where NVML events are unavailable
+    push_facts: bool = False  # at start, send this machine's hardware facts (a node bcm booted: no SSH round)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CONFIG_PATH) -> AgentConfig:
@@ -71,7 +72,7 @@ class AgentConfig:
     def from_dict(cls, data: Any, *, source: str = "config") -> AgentConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object")
-        known = {"server_url", "token", "interval_s", "expected_gpus", "buffer_max", "timeout_s", "kmsg"}
+        known = {"server_url", "token", "interval_s", "expected_gpus", "buffer_max", "timeout_s", "kmsg", "push_facts"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown keys {unknown}; known: {sorted(known)}")
@@ -89,6 +90,7 @@ class AgentConfig:
                 buffer_max=int(data.get("buffer_max", 120)),
                 timeout_s=float(data.get("timeout_s", 10.0)),
                 kmsg=data.get("kmsg"),
+                push_facts=data.get("push_facts", False) is True,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc

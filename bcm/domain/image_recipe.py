@@ -101,6 +101,9 @@ class Recipe(BaseModel):
     variant: Literal["minbase", "apt", "required", "important", "standard"] = "minbase"
     mirrors: list[str] = []
     packages: list[str] = []
+    # this checkout's bcm agent (a zipapp, /opt/bcm/bcm-agent.pyz): the node starts it at boot with the token
+    # its callback traded (bcm-agent.service in the overlay), and it sends the node's facts at once
+    agent: bool = False
     files: list[RecipeFile] = []
     post: list[str] = []
     push_exclude: list[str] = []
@@ -237,8 +240,15 @@ def chain(recipes: dict[str, Recipe], name: str) -> list[Recipe]:
 
 
 def canonical_json(recipe: Recipe) -> str:
-    """The recipe as canonical JSON (sorted keys, no spaces): what its layer key hashes."""
-    return json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The recipe as canonical JSON (sorted keys, no spaces): what its layer key hashes. ``agent`` counts
+    only where it is set, with the agent's own bytes (a new agent is a new layer); recipes without it keep
+    the keys they had before the field existed (their cached layers stay valid)."""
+    data = recipe.model_dump(mode="json", exclude=set() if recipe.agent else {"agent"})
+    if recipe.agent:
+        from bcm.agent.bundle import build_bundle
+
+        data["agent"] = hashlib.sha256(build_bundle(include_pynvml=False)).hexdigest()
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def layer_keys(layers: list[Recipe]) -> list[str]:

@@ -257,6 +257,26 @@ def _write_files(tree: Path, recipe: Recipe) -> None:
         os.chmod(target, item.mode)
 
 
+AGENT_BUNDLE = "opt/bcm/bcm-agent.pyz"  # where bcm-agent.service (the overlay) and `bcm agent deploy` look
+
+
+def _write_agent(tree: Path, log: Log, step: str) -> None:
+    """This checkout's agent zipapp (pynvml included where installed here) into the image."""
+    from bcm.agent.bundle import build_bundle
+
+    try:
+        data = build_bundle()
+    except FileNotFoundError:  # no pynvml here: the agent still runs on a node that has it
+        data = build_bundle(include_pynvml=False)
+    target = tree / AGENT_BUNDLE
+    if any(p.is_symlink() for p in [target, *target.parents] if p != tree and tree in p.parents):
+        raise FatalDriverError(f"{step}: {AGENT_BUNDLE} passes through a symlink in the image")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    os.chmod(target, 0o700)  # root runs it
+    log(f"bcm: {step}: the bcm agent ({len(data)} bytes) at /{AGENT_BUNDLE}")
+
+
 def _customize(tree: Path, recipe: Recipe, *, is_base: bool, log: Log, deadline: _Deadline) -> None:
     """Everything a layer does in the chroot: mirrors, packages, files, post, drops, clean."""
     policy = tree / "usr/sbin/policy-rc.d"
@@ -282,6 +302,8 @@ def _customize(tree: Path, recipe: Recipe, *, is_base: bool, log: Log, deadline:
                 script = f"apt-get {APT_OPTIONS} install --no-install-recommends {' '.join(recipe.packages)}"
                 _in_chroot(tree, script, what=f"{step}: apt-get install", log=log, deadline=deadline)
         _write_files(tree, recipe)
+        if recipe.agent:
+            _write_agent(tree, log, step)
         for number, command in enumerate(recipe.post):
             log(f"bcm: {step}: post[{number}]: {command}")
             _in_chroot(tree, command, what=f"{step}: post[{number}] ({command})", log=log, deadline=deadline)

@@ -15,9 +15,11 @@ from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from bcm.agent.facts import SECTION_PREFIX
 from bcm.domain.facts import parse_fact_output
 from bcm.domain.states import Verb, next_state
 from bcm.drivers import ssh
+from bcm.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.node import Interface, Node
@@ -80,15 +82,42 @@ def store_result(session: Session, result: ssh.HostResult, actor: str) -> dict[s
         if node.ssh_host_key is None and result.host_key:
             node.ssh_host_key = result.host_key  # pinned on first contact
             events.record(session, actor, "node.host_key_pinned", node.name)
-        node.facts = facts.model_dump(mode="json", exclude={"gpus"})
-        node.inventoried_at = utcnow()
-        node.last_error = None
-        node.provision_state = next_state(node.name, node.provision_state, Verb.INVENTORY_DONE).value
-        _replace_gpus(session, node, facts.gpus)
+        _apply_facts(session, node, facts)
         entry["message"] = _summary(facts)
         entry["gpus"] = len(facts.gpus)
     session.add(node)
     return entry
+
+
+def _apply_facts(session: Session, node: Node, facts: Any) -> None:
+    node.facts = facts.model_dump(mode="json", exclude={"gpus"})
+    node.inventoried_at = utcnow()
+    node.last_error = None
+    node.provision_state = next_state(node.name, node.provision_state, Verb.INVENTORY_DONE).value
+    _replace_gpus(session, node, facts.gpus)
+
+
+def store_agent_facts(session: Session, node_id: int, output: str) -> dict[str, Any]:
+    """Facts a node's agent sent (the fact script's output, run on the node): stored as an SSH inventory's
+    are, on that node only, without an SSH round (a node bcm booted pushes them at once)."""
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound("the token's node is gone")
+    if not output.startswith(SECTION_PREFIX + "bcm-facts "):
+        raise InvalidInput("output: not the fact script's output (it starts with '@@@ bcm-facts N')", field="output")
+    try:
+        facts = parse_fact_output(output)
+    except Exception as exc:  # a parser bug or a made-up body: a 422, nothing stored
+        raise InvalidInput(f"output: not the fact script's output ({type(exc).__name__})", field="output") from None
+    try:
+        next_state(node.name, node.provision_state, Verb.INVENTORY_DONE)
+    except IllegalTransition as exc:
+        raise Conflict(f"node {node.name} is {node.provision_state}: its facts are not taken now") from exc
+    _apply_facts(session, node, facts)
+    session.add(node)
+    events.record(session, f"node:{node.name}", "node.inventory", node.name, f"facts from its agent: {_summary(facts)}")
+    session.flush()
+    return {"node": node.name, "state": node.provision_state, "gpus": len(facts.gpus)}
 
 
 def _replace_gpus(session: Session, node: Node, gpus: list[Any]) -> None:

@@ -711,6 +711,11 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None, p
              render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx).encode(), 0o644)  # fmt: skip
         _add(tar, "etc/systemd/system/multi-user.target.wants/bcm-hello.service", None, 0o777, tarfile.SYMTYPE,
              "/etc/systemd/system/bcm-hello.service")  # fmt: skip
+        # the agent, where the image carries it (a recipe with `agent: true`): starts with the traded token
+        _add(tar, "etc/systemd/system/bcm-agent.service",
+             render("overlay/etc/systemd/system/bcm-agent.service.j2", **ctx).encode(), 0o644)  # fmt: skip
+        _add(tar, "etc/systemd/system/multi-user.target.wants/bcm-agent.service", None, 0o777, tarfile.SYMTYPE,
+             "/etc/systemd/system/bcm-agent.service")  # fmt: skip
     row.overlay_at = utcnow()
     session.add(row)
     what = "with bcm's host key" if private is not None else "without a host key"

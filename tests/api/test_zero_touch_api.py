@@ -254,3 +254,61 @@ def test_a_kubernetes_cluster_is_joined_with_its_own_settings() -> None:
     req = autojoin.request(plan)
     assert isinstance(req, KubernetesDeployRequest) and req.nodes == "node02,zt01" and req.controller == "cp"
     assert req.settings.mode == "lab" and req.verify is True
+
+
+def test_an_agent_sends_its_nodes_facts_without_an_ssh_round(api: TestClient, engine: Any) -> None:
+    """bcm-agent with push_facts (what bcm-hello writes on a node bcm booted) posts the fact script's output:
+    stored as an SSH inventory's, for the token's own node only."""
+    from pathlib import Path
+
+    from bcm.agent import main as agent_main
+    from bcm.agent.reporter import AgentConfig, SendError
+
+    recorded = (Path(__file__).resolve().parents[1] / "data" / "facts" / "vm-debian12.facts").read_text()
+    for name in ("zt01", "zt02"):
+        assert api.post("/api/v1/nodes", json={"name": name}).status_code == 201
+    secret = api.post("/api/v1/nodes/zt01/token").json()["token"]
+
+    def push(body: dict[str, Any], tok: str | None = secret) -> Any:
+        return api.post("/boot/v1/agent/facts", json=body, headers={"Authorization": f"Bearer {tok}" if tok else ""})
+
+    assert push({"output": recorded}, None).status_code == 401
+    assert push({"output": recorded}, "bcm_" + "x" * 40).status_code == 401
+    r = push({"output": "not the script's output"})
+    assert r.status_code == 422 and r.json()["field"] == "output", r.text
+    assert node(api, "zt01")["inventoried_at"] is None  # nothing stored
+    # the agent's own path, through a real HTTP round trip of the test client
+    sent: list[bytes] = []
+
+    def send(url: str, token: str, body: bytes, timeout_s: float) -> int:
+        sent.append(body)
+        r = api.post(url.removeprefix("http://testserver"), content=body,
+                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})  # fmt: skip
+        if r.status_code >= 300:
+            raise SendError(f"{r.status_code}", retryable=r.status_code >= 500)
+        return r.status_code
+
+    config = AgentConfig.from_dict({"server_url": "http://testserver", "token": secret, "push_facts": True})
+    assert config.push_facts is True
+    assert agent_main.push_facts(config, collect_facts=lambda: recorded, send=send, sleep=lambda _s: None)
+    n = node(api, "zt01")
+    assert n["provision_state"] == "inventoried" and n["inventoried_at"], n
+    assert api.get("/api/v1/nodes/zt01/hardware").json()["facts"]["cpu"]["threads"], "the facts are stored"
+    assert node(api, "zt02")["inventoried_at"] is None  # the token's node only
+    assert any("facts from its agent" in e.message for e in events(engine, "node.inventory"))
+    # a refusal is not retried; an agent without push_facts sends nothing (an `agent deploy` config)
+    assert not agent_main.push_facts(config, collect_facts=lambda: "junk", send=send, sleep=lambda _s: None)
+    assert AgentConfig.from_dict({"server_url": "http://x", "token": "t"}).push_facts is False
+
+
+def test_the_overlay_starts_the_agent_where_the_image_carries_it() -> None:
+    from bcm.domain.image_recipe import Recipe, canonical_json
+    from bcm.services.render import render
+
+    unit = render("overlay/etc/systemd/system/bcm-agent.service.j2", node="zt01")
+    assert "ConditionPathExists=/opt/bcm/bcm-agent.pyz" in unit and "After=bcm-hello.service" in unit
+    hello = render("overlay/usr/local/sbin/bcm-hello.j2", node="zt01", server_url="http://h", head="h", hosts=[])
+    assert '"push_facts": True' in hello
+    plain, with_agent = Recipe(name="x1"), Recipe(name="x1", agent=True)
+    assert '"agent"' not in canonical_json(plain)  # keys of recipes without it unchanged: their layers stay cached
+    assert canonical_json(with_agent) != canonical_json(plain)

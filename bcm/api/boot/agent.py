@@ -12,16 +12,26 @@ from __future__ import annotations
 import anyio
 from fastapi import APIRouter, Request, status
 from fastapi.responses import JSONResponse, Response
+from sqlmodel import Field, SQLModel
 from starlette.background import BackgroundTask
 
 from bcm.api.deps import bearer
 from bcm.api.limits import RequestTimeout, json_text, nul_refusal
+from bcm.db import session_scope
 from bcm.domain.health_report import MAX_REPORT_BYTES
-from bcm.errors import BcmError, PayloadTooLarge, Unauthorized
+from bcm.errors import BcmError, Forbidden, PayloadTooLarge, Unauthorized
+from bcm.models.base import utcnow
 from bcm.models.health import ReportAccepted
 
 router = APIRouter(prefix="/boot/v1/agent", tags=["boot"])
 REPORT_PATH = "/boot/v1/agent/report"  # capped here, parsed by pydantic: exempt from BodyLimits
+MAX_FACTS_CHARS = 2_000_000  # the fact script's output (the body is bounded by BodyLimits before this)
+
+
+class FactsPush(SQLModel):
+    """What ``bcm-agent`` sends at start on a node bcm booted: the fact script's output, run locally."""
+
+    output: str = Field(max_length=MAX_FACTS_CHARS)
 
 
 async def capped_body(request: Request, timeout_s: float | None = None) -> bytes:
@@ -99,3 +109,31 @@ async def report(request: Request) -> Response:
     accepted = {"node": result.node, "verdict": result.verdict, "report_verdict": result.report_verdict,
                 "action": result.action}  # fmt: skip
     return JSONResponse(accepted, status_code=status.HTTP_202_ACCEPTED, background=background)
+
+
+@router.post("/facts")
+async def facts(body: FactsPush, request: Request) -> dict[str, object]:
+    """A node's agent sends its hardware facts (its own node only: the node comes from the token); stored as
+    an SSH inventory's are. A wrong token counts toward the auth brake like a report's."""
+    from datetime import timedelta
+
+    from bcm.services import auth
+    from bcm.services import inventory as inventory_svc
+
+    token = bearer(request)
+    if token is None:
+        raise Unauthorized(MISSING_BEARER)
+    state = request.app.state
+
+    def work() -> dict[str, object]:
+        with session_scope(state.engine) as session:
+            row = auth.node_tokens(session, [token], utcnow() - timedelta(minutes=1))[token]
+            if isinstance(row, BcmError):
+                raise row
+            return inventory_svc.store_agent_facts(session, row.node_id or 0, body.output)
+
+    try:
+        return await anyio.to_thread.run_sync(work)
+    except (Unauthorized, Forbidden) as exc:
+        client = request.client.host if request.client else "unknown"
+        raise state.auth_failures.refusal(client, request.url.path, exc.message, exc) from None
