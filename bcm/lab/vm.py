@@ -57,7 +57,7 @@ def qemu_argv(
     ``-S`` then): a powered-on machine with nothing to boot needs no CPU, one that PXE-boots runs.
 
     ``bmc_oem``: the VM names its BMC in an SMBIOS OEM string (type 11), ``bcm.bmc=<protocol>:<address>``,
-    as a real machine's BMC answers ``ipmitool lan print``; bcm's discovery image reports it."""
+    as a real machine's BMC answers ipmitool's LAN print; bcm's discovery image reports it."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise LabError("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")

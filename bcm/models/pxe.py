@@ -105,7 +105,7 @@ class PxeStatus(SQLModel):
 
 
 class DiscoveredBmc(SQLModel):
-    """The machine's own BMC as the discovery image found it (``ipmitool lan print``; a lab VM's SMBIOS OEM
+    """The machine's own BMC as the discovery image found it (ipmitool's LAN print on the node; a lab VM's SMBIOS OEM
     string ``bcm.bmc=<protocol>:<address>``). Claimed by an unauthenticated client: bcm sends a password only
     where its category's admin-set range holds the address, and never powers a BMC another node has."""
 
