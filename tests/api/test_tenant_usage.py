@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session, select
 
 from bcm.drivers.wlm import slurm_usage
+from bcm.drivers.wlm.base import NodeUsage
 from bcm.models.node import Node
 from bcm.models.wlm import WlmCluster, WlmMember
 from bcm.services import wlm_usage
@@ -113,14 +114,20 @@ def test_sampled_tenants_show_on_nodes_and_as_tenancy_meters(api: Any, engine: A
     assert (research["value"], research["max"], research["text"]) == ("5", "8", "5 of 8 GPUs")
     assert "lab 20" in tenancy  # when the sample was taken
 
-    # the next sync finds nothing running: the sample is replaced, not added to
+    # a later sample replaces this one: nlp grew on gpu01, gpu02 and gpu03 are free
+    _sample(engine, "44|nlp|gpu01|cpu=8,node=1,billing=8,gres/gpu=4|N/A|N/A\n")
+    assert _ok(api.get("/api/v1/nodes/gpu01"))["tenants"] == [{"account": "nlp", "gpus": 4, "jobs": 1}]
+    assert _ok(api.get("/api/v1/nodes/gpu02"))["tenants"] == []
+    assert _meter(ui.get("/ui/tenancy").text, "data-project", "nlp")["value"] == "4"
+
+    # the next sync finds nothing running
     _sample(engine, "")
     assert _ok(api.get("/api/v1/nodes/gpu02"))["tenants"] == []
     assert _tenant_cell(ui.get("/ui/nodes").text, "gpu02") == "–"
     assert _meter(ui.get("/ui/tenancy").text, "data-project", "nlp")["value"] == "0"
 
 
-def test_a_node_leaving_the_inventory_takes_its_sample_with_it(api: Any, engine: Any) -> None:
+def test_a_node_leaving_the_inventory_or_its_cluster_takes_its_sample_with_it(api: Any, engine: Any) -> None:
     _ok(api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03],head"}), 201)
     _cluster(engine)
     _sample(engine, SQUEUE)
@@ -131,3 +138,18 @@ def test_a_node_leaving_the_inventory_takes_its_sample_with_it(api: Any, engine:
     with Session(engine) as s:
         assert sorted(wlm_usage.account_gpus(s).items()) == [("<img src=x onerror=alert(1)>", 0), ("nlp", 1),
                                                              ("vision", 2)]  # fmt: skip
+    # gpu03 moves to a Kubernetes cluster, whose first sample sees a project's pod there: lab's row for it goes
+    with Session(engine) as s:
+        gpu03 = s.exec(select(Node).where(Node.name == "gpu03")).one()
+        k8s = WlmCluster(name="k8s", kind="kubernetes", controller_id=gpu03.id or 0, state="deployed")
+        s.add(k8s)
+        s.flush()
+        member = s.exec(select(WlmMember).where(WlmMember.node_id == gpu03.id)).one()
+        member.cluster_id = k8s.id or 0
+        s.add(member)
+        s.commit()
+    with Session(engine) as s:
+        wlm_usage.apply(s, "k8s", [NodeUsage("gpu03", "vision", 1, 1)])
+        s.commit()
+    with Session(engine) as s:
+        assert sorted(wlm_usage.account_gpus(s).items()) == [("nlp", 1), ("vision", 3)]

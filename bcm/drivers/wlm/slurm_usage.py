@@ -32,6 +32,7 @@ SQUEUE_ARGV = ["squeue", "-h", "-r", "-t", "R", "-O", ",".join(f"{f}:0|" for f i
 NO_ACCOUNT = ("", "(null)")
 _ALLOC_TOTAL = re.compile(r"(?:^|,)gres/gpu=(\d+)")  # untyped: every GPU of the job
 _ALLOC_TYPED = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")  # per type, when only typed ones are listed
+_ONE_NODE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # most jobs: one node, no brackets
 _REQUEST = re.compile(r"(?:^|,)gres[:/]gpu(?::[^:,=]+)?[:=](\d+)(?=,|$)")  # gres:gpu:h100:2, gres/gpu:2
 
 
@@ -63,9 +64,22 @@ def per_node(fields: list[str], nodes: int) -> list[int]:
     return [share + (1 if i < extra else 0) for i in range(nodes)]
 
 
+def _nodes(nodelist: str, seen: dict[str, list[str]]) -> list[str]:
+    """A job's node names (a hostlist expanded once per distinct list; a single name as it is)."""
+    if _ONE_NODE.fullmatch(nodelist):
+        return [nodelist]
+    if nodelist not in seen:
+        try:
+            seen[nodelist] = expand_hostlist(nodelist, "NodeList")
+        except BcmError:
+            seen[nodelist] = []  # a name bcm could not have given: not one of its nodes
+    return seen[nodelist]
+
+
 def parse_running(out: str) -> list[NodeUsage]:
     """Per (node, account): GPUs and jobs of the running jobs in ``squeue``'s output (see the module)."""
     held: dict[tuple[str, str], list[int]] = {}
+    seen: dict[str, list[str]] = {}
     for line in out.splitlines():
         parts = [p.strip() for p in line.split("|")]
         if len(parts) < 4:
@@ -73,10 +87,9 @@ def parse_running(out: str) -> list[NodeUsage]:
         account, nodelist = parts[1], parts[2]
         if account in NO_ACCOUNT or not nodelist:
             continue
-        try:
-            nodes = expand_hostlist(nodelist, "NodeList")
-        except BcmError:
-            continue  # a name bcm could not have given: not one of its nodes
+        nodes = _nodes(nodelist, seen)
+        if not nodes:
+            continue
         for node, gpus in zip(nodes, per_node(parts[3:], len(nodes)), strict=True):
             slot = held.setdefault((node, account), [0, 0])
             slot[0] += gpus
