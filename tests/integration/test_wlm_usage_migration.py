@@ -1,4 +1,4 @@
-"""Migration 0018_wlm_usage on SQLite and PostgreSQL: the usage table and ``wlm_cluster.usage_at`` come as
+"""Migration 0019_wlm_usage on SQLite and PostgreSQL: the usage table and ``wlm_cluster.usage_at`` come as
 the models declare them, and go on downgrade leaving the cluster row."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from sqlmodel import SQLModel
 import bcm.models  # noqa: F401 - every table on SQLModel.metadata
 from bcm.db import alembic_config
 
-BEFORE, AFTER = "0017_ha", "0018_wlm_usage"
+BEFORE, AFTER = "0018_zero_touch", "0019_wlm_usage"
 NOW = "2026-01-01 00:00:00+00:00"
 
 

@@ -4,8 +4,8 @@
 jobs held there), replaced per cluster by each sync; a node or cluster removed takes its rows with it.
 ``wlm_cluster.usage_at``: when that cluster's sample was last taken.
 
-Revision ID: 0018_wlm_usage
-Revises: 0017_ha
+Revision ID: 0019_wlm_usage
+Revises: 0018_zero_touch
 """
 
 from collections.abc import Sequence
@@ -14,8 +14,8 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-revision: str = "0018_wlm_usage"
-down_revision: str | None = "0017_ha"
+revision: str = "0019_wlm_usage"
+down_revision: str | None = "0018_zero_touch"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
