@@ -100,6 +100,14 @@ def apply(session: Session, cluster: str, usage: Sequence[NodeUsage]) -> int:
     return changed
 
 
+def keep_only(session: Session, clusters: Sequence[str]) -> int:
+    """Drop the samples of every cluster but ``clusters`` (those the sync still reads); the rows dropped."""
+    others = col(WlmCluster.name).not_in(list(clusters))
+    result = session.execute(delete(WlmUsage).where(col(WlmUsage.cluster_id).in_(select(WlmCluster.id).where(others))))
+    session.execute(update(WlmCluster).where(others, col(WlmCluster.usage_at).is_not(None)).values(usage_at=None))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def node_tenants(session: Session, node_ids: Sequence[int | None]) -> dict[int, list[TenantUse]]:
     """Each node's accounts, most GPUs first (one query per 500 nodes)."""
     ids = [i for i in node_ids if i is not None]

@@ -517,8 +517,11 @@ def _store_usage(engine: Engine, name: str, usage: list[wlm.NodeUsage]) -> None:
 
 
 def _deployed(engine: Engine) -> list[str]:
+    """The clusters a pass syncs; the others' tenants samples go (nothing reads their workload manager)."""
     with session_scope(engine) as s:
-        return [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
+        names = [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
+        wlm_usage.keep_only(s, names)
+        return names
 
 
 async def sync_all(engine: Engine, settings: Settings) -> None:

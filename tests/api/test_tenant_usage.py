@@ -4,6 +4,7 @@ Tenancy page's in-use meters against quota, deserved GPUs and limit; a later sam
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -15,6 +16,7 @@ from bcm.drivers.wlm.base import NodeUsage
 from bcm.models.node import Node
 from bcm.models.wlm import WlmCluster, WlmMember
 from bcm.services import wlm_usage
+from bcm.workers import wlm as wlm_worker
 
 # as `squeue -h -r -t R -O JobID:0|,Account:0|,…` prints it on a cluster that accounts GPUs (slurmdbd)
 SQUEUE = (
@@ -153,3 +155,22 @@ def test_a_node_leaving_the_inventory_or_its_cluster_takes_its_sample_with_it(ap
         s.commit()
     with Session(engine) as s:
         assert sorted(wlm_usage.account_gpus(s).items()) == [("nlp", 1), ("vision", 3)]
+
+
+def test_a_cluster_the_sync_no_longer_reads_keeps_no_sample(api: Any, engine: Any, settings: Any) -> None:
+    """A failed redeploy: the sync's pass reads no workload manager for the cluster any more and drops its
+    sample, which would only grow stale. (The controller `head` has no address: no pass reaches the network.)"""
+    _ok(api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03],head"}), 201)
+    _cluster(engine)
+    _sample(engine, SQUEUE)
+    asyncio.run(wlm_worker.sync_all(engine, settings))  # deployed, its read fails (no address): the sample stays
+    with Session(engine) as s:
+        assert wlm_usage.account_gpus(s)["nlp"] == 3
+        lab = s.exec(select(WlmCluster)).one()
+        lab.state = "failed"
+        s.add(lab)
+        s.commit()
+    asyncio.run(wlm_worker.sync_all(engine, settings))
+    assert _ok(api.get("/api/v1/nodes/gpu01"))["tenants"] == []
+    with Session(engine) as s:
+        assert wlm_usage.account_gpus(s) == {} and wlm_usage.sampled(s) == [("lab", None)]
