@@ -2,7 +2,9 @@
 
 Seeds a SQLite database (``--database-url`` for an empty PostgreSQL database instead): the nodes registered and in service, eight inventoried GPUs each, one real
 collector report per node through the health ingest (1% of them with an XID 79, so some GPUs fail),
-``--history`` more reports for one node (its charts), a few operations. Then starts a real ``bcm serve``
+``--history`` more reports for one node (its charts), a few operations, a Slurm cluster of every node with
+ten departments of ten projects and a tenants' sample (each node running one project's 8-GPU job, every
+fourth shared with a second project's 1-GPU job) stored the way the sync stores it (timed). Then starts a real ``bcm serve``
 on 127.0.0.1, signs in with a viewer token through the sign-in form, and asks each page ``--requests``
 times on one keep-alive connection. Prints per page the server's own time (its ``Server-Timing``
 header: dependencies, queries, rendering) p50/p99, the client's wall time p99 and the page's size; then
@@ -30,13 +32,16 @@ from sqlalchemy import insert, text
 from bcm.db import session_scope
 from bcm.devserver import Server
 from bcm.domain.health_report import HealthReport
+from bcm.drivers.wlm import slurm_usage
 from bcm.models.auth import Role
 from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.node import NodeBulkCreate
 from bcm.models.operation import Operation, OpState
+from bcm.models.tenancy import Department, Project
+from bcm.models.wlm import WlmCluster, WlmMember
 from bcm.server import prepare
-from bcm.services import auth, health, nodes
+from bcm.services import auth, health, nodes, wlm_usage
 from bcm.settings import Settings
 
 PAGES = [
@@ -103,6 +108,26 @@ def seed(url: str, state: Path, n: int, gpus: int, history: int) -> str:
                             results={x: {"status": "ok"} for x in names_k}, log="".join(f"{x}: ok\n" for x in names_k),
                             started_at=now, finished_at=now))  # fmt: skip
         _row, secret = auth.issue(s, "bench-viewer", Role.VIEWER)
+    with session_scope(engine) as s:
+        cluster = WlmCluster(name="bench", kind="slurm", controller_id=ids[names[0]], state="deployed")
+        s.add(cluster)
+        s.flush()
+        s.add_all([WlmMember(cluster_id=cluster.id or 0, node_id=ids[x]) for x in names])
+        for d in range(10):
+            dept = Department(name=f"dept{d}", gpu_quota=n * gpus // 10)
+            s.add(dept)
+            s.flush()
+            s.add_all([Project(name=f"proj{d}{p}", department_id=dept.id or 0, deserved_gpus=n * gpus // 100,
+                               limit_gpus=n * gpus // 50) for p in range(10)])  # fmt: skip
+    squeue = "".join(f"{i}|proj{i % 100:02d}|{x}|cpu=32,mem=256G,node=1,billing=32,gres/gpu={gpus}|N/A|N/A\n"
+                     for i, x in enumerate(names))  # fmt: skip
+    squeue += "".join(f"{n + i}|proj{(i + 1) % 100:02d}|{x}|cpu=1,node=1,billing=1,gres/gpu=1|N/A|N/A\n"
+                      for i, x in enumerate(names) if i % 4 == 0)  # fmt: skip
+    for _ in range(2):  # the first sample writes every row, the next only what changed (nothing)
+        t1 = time.perf_counter()
+        with session_scope(engine) as s:
+            wlm_usage.apply(s, "bench", slurm_usage.parse_running(squeue))
+        print(f"  a sync's tenants sample of {n} nodes parsed and stored in {time.perf_counter() - t1:.2f} s")
     engine.dispose()
     print(f"  seeded {n} nodes × {gpus} GPUs, {history} more reports for {names[0]} in {time.perf_counter() - t0:.1f} s")
     return secret

@@ -207,6 +207,14 @@ class InterfacePublic(SQLModel):
     boot: bool
 
 
+class TenantUse(SQLModel):
+    """An account running work on a node, as the workload-manager sync last sampled it."""
+
+    account: str
+    gpus: int
+    jobs: int
+
+
 class NodePublic(NodeSettings):
     name: str
     category: str | None
@@ -223,6 +231,7 @@ class NodePublic(NodeSettings):
     inventoried_at: datetime | None = None
     power_state: str | None = None
     running_image: str | None = None  # the image version last pushed to it (`bcm image push --apply`)
+    tenants: list[TenantUse] = Field(default_factory=list)  # most GPUs first (the last workload-manager sync)
 
 
 class NodePage(SQLModel):

@@ -17,6 +17,7 @@ from sqlalchemy import Text, UniqueConstraint
 from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain import kubernetes as k8s
+from bcm.domain.bounds import INT32_MAX
 from bcm.domain.naming import check_name
 from bcm.domain.slurm import SlurmSettings, check_cluster_name
 from bcm.models.base import json_column, ts_column, utcnow
@@ -64,6 +65,7 @@ class WlmCluster(SQLModel, table=True):
     last_verify_at: datetime | None = Field(default=None, sa_column=ts_column())
     last_verify: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     synced_at: datetime | None = Field(default=None, sa_column=ts_column())
+    usage_at: datetime | None = Field(default=None, sa_column=ts_column())  # when WlmUsage was last sampled
     created_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     updated_at: datetime = Field(default_factory=utcnow, sa_column=ts_column(nullable=False))
     deployed_at: datetime | None = Field(default=None, sa_column=ts_column())
@@ -79,6 +81,28 @@ class WlmMember(SQLModel, table=True):
     cluster_id: int = Field(foreign_key="wlm_cluster.id", index=True, ondelete="CASCADE")
     node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")
     role: str = Field(default=WlmRole.COMPUTE, max_length=16)
+
+
+ACCOUNT_MAX = 64  # a Slurm account or Kubernetes namespace (63) as stored; longer ones are cut
+TENANTS_PER_NODE = 8  # the accounts kept per node in a sample: those holding the most GPUs
+
+
+class WlmUsage(SQLModel, table=True):
+    """The last sample of who runs on a member node: one row per (node, account) with running work.
+
+    Written by the workload-manager sync (``bcm.services.wlm_usage.apply``), replaced as a whole per
+    cluster each time; a node leaving the cluster or the inventory takes its rows with it.
+    """
+
+    __tablename__ = "wlm_usage"
+    __table_args__ = (UniqueConstraint("node_id", "account"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: int = Field(foreign_key="wlm_cluster.id", index=True, ondelete="CASCADE")
+    node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")
+    account: str = Field(max_length=ACCOUNT_MAX, index=True)
+    gpus: int = Field(default=0, ge=0, le=INT32_MAX)
+    jobs: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class WlmDeployRequest(SQLModel):
@@ -175,6 +199,7 @@ class WlmClusterPublic(SQLModel):
     last_verify_at: datetime | None
     last_verify: dict[str, Any] | None
     synced_at: datetime | None
+    usage_at: datetime | None = None
     created_at: datetime
     updated_at: datetime
     deployed_at: datetime | None

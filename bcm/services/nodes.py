@@ -34,7 +34,7 @@ from bcm.models.node import (
     NodePublic,
     NodeUpdate,
 )
-from bcm.services import events, images
+from bcm.services import events, images, wlm_usage
 from bcm.services import secrets as secret_svc
 
 CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
@@ -207,7 +207,7 @@ def query(
 
 
 def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
-    """API views of nodes, with interfaces, GPU counts and effective settings (3 queries per page)."""
+    """API views of nodes, with interfaces, GPU counts, tenants and effective settings (4 queries per page)."""
     ids = [n.id for n in nodes]
     ifaces: dict[int, list[Iface]] = {}
     gpus: dict[int, int] = {}
@@ -223,6 +223,7 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
         else {}
     )
     cat_settings = {cid: {f: getattr(c, f) for f in INHERITED_FIELDS} for cid, c in cats.items()}
+    tenants = wlm_usage.node_tenants(session, ids)
     out = []
     for n in nodes:
         cat = cats.get(n.category_id) if n.category_id is not None else None
@@ -249,6 +250,7 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
                 inventoried_at=n.inventoried_at,
                 power_state=n.power_state,
                 running_image=n.running_image,
+                tenants=tenants.get(n.id or 0, []),
                 **{f: getattr(n, f) for f in SETTING_FIELDS},
             )
         )

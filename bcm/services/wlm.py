@@ -424,6 +424,7 @@ def to_public(session: Session, row: WlmCluster, *, detail: bool = False) -> Wlm
         last_verify_at=row.last_verify_at,
         last_verify=row.last_verify,
         synced_at=row.synced_at,
+        usage_at=row.usage_at,
         created_at=row.created_at,
         updated_at=row.updated_at,
         deployed_at=row.deployed_at,

@@ -26,7 +26,7 @@ from bcm.models.health import GpuHealth
 from bcm.models.node import Node
 from bcm.models.operation import Operation
 from bcm.models.wlm import WlmCluster
-from bcm.services import auth, events, health_queries, images, tenancy, wlm
+from bcm.services import auth, events, health_queries, images, tenancy, wlm, wlm_usage
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.ui import charts, queries
@@ -329,7 +329,13 @@ def wlm_page(request: Request, me: Me, session: SessionDep) -> Response:
 def tenancy_page(request: Request, me: Me, session: SessionDep) -> Response:
     departments = [tenancy.department_public(session, d) for d in tenancy.list_departments(session, me.token)]
     projects = [tenancy.project_public(session, p) for p in tenancy.list_projects(session, me.token)]
-    return render(request, "ui/tenancy.html", {"departments": departments, "projects": projects}, etag=True)
+    held = wlm_usage.account_gpus(session)  # the sync's sample: no workload manager is asked here
+    used = {p.name: held.get(p.name, 0) for p in projects}
+    # a department's jobs run in its projects' accounts (and, rarely, its own)
+    used.update({d.name: held.get(d.name, 0) + sum(held.get(p, 0) for p in d.projects) for d in departments})
+    context = {"departments": departments, "projects": projects, "used": used,
+               "sampled": wlm_usage.sampled(session)}  # fmt: skip
+    return render(request, "ui/tenancy.html", context, etag=True)
 
 
 @router.get("/pxe")

@@ -26,7 +26,7 @@ from bcm.drivers.ssh import SshClient, Target
 from bcm.errors import BcmError, Conflict, DriverError
 from bcm.models.operation import Operation
 from bcm.models.wlm import WlmDeployRequest, WlmStarted, WlmState
-from bcm.services import events
+from bcm.services import events, wlm_usage
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.services import wlm as svc
@@ -495,16 +495,33 @@ async def _node_action(
 
 
 async def sync_cluster(engine: Engine, settings: Settings, name: str) -> dict[str, str]:
-    """Copy the workload manager's node states into the database now; returns them."""
+    """Copy the workload manager's node states into the database now, then who runs on which node (the
+    tenants' sample: :mod:`bcm.services.wlm_usage`); returns the states. A failed usage read keeps the
+    last sample (its ``usage_at`` says how old it is) and never fails the states."""
     manager, target = await anyio.to_thread.run_sync(_controller, engine, settings, name)
-    states = {k: v.state for k, v in (await manager.node_states(_ssh(settings), target)).items()}
+    ssh = _ssh(settings)
+    states = {k: v.state for k, v in (await manager.node_states(ssh, target)).items()}
     await anyio.to_thread.run_sync(_store_states, engine, name, states)
+    try:
+        usage = await manager.node_usage(ssh, target)
+    except BcmError as exc:
+        log.warning("wlm sync of %s: running work not read: %s", name, exc.message)
+        return states
+    await anyio.to_thread.run_sync(_store_usage, engine, name, usage)
     return states
 
 
-def _deployed(engine: Engine) -> list[str]:
+def _store_usage(engine: Engine, name: str, usage: list[wlm.NodeUsage]) -> None:
     with session_scope(engine) as s:
-        return [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
+        wlm_usage.apply(s, name, usage)
+
+
+def _deployed(engine: Engine) -> list[str]:
+    """The clusters a pass syncs; the others' tenants samples go (nothing reads their workload manager)."""
+    with session_scope(engine) as s:
+        names = [r.name for r in svc.query(s) if r.state in (WlmState.DEPLOYED, WlmState.PARTIAL)]
+        wlm_usage.keep_only(s, names)
+        return names
 
 
 async def sync_all(engine: Engine, settings: Settings) -> None:

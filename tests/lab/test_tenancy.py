@@ -158,6 +158,11 @@ def test_tenancy_in_slurm_accounting(ten_lab: SlurmLab) -> None:
     # GPUs are idle (the cluster has four), yet it waits: the limit, not the room
     usage = bcm(run, "project", "usage", "vision")
     assert usage["wlm"]["gpus_running"] == 1 and usage["wlm"]["gpus_pending"] == 1, usage
+    # the sync samples who runs where (squeue): the node running it names vision, with its one GPU
+    assert run.http.post("/api/v1/wlm/lab/sync").status_code == 200
+    node = sh(run, "squeue", "-h", "-j", first, "-o", "%N").strip()
+    tenants = run.http.get(f"/api/v1/nodes/{node}").json()["tenants"]
+    assert {"account": "vision", "gpus": 1, "jobs": 1} in tenants, (node, tenants)
     # a member reads their own project's usage and nothing else
     token = run.http.post("/api/v1/tokens", json={"name": "alice-t", "role": "user", "user": "alice"}).json()
     as_alice = {"Authorization": f"Bearer {token['token']}"}

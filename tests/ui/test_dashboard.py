@@ -36,8 +36,22 @@ def events(site: Site, action: str) -> list[dict[str, Any]]:
     return list(r.json())
 
 
+def seed_tenants(site: Site) -> None:
+    """A department and a project, and a workload-manager sample of nlp holding 3 GPUs on gpu01."""
+    assert site.api.post("/api/v1/departments", json={"name": "research", "gpu_quota": 8}).status_code == 201
+    r = site.api.post("/api/v1/projects", json={"name": "nlp", "department": "research", "deserved_gpus": 2,
+                                                "limit_gpus": 4})  # fmt: skip
+    assert r.status_code == 201, r.text
+    site.sql("INSERT INTO wlm_cluster (name, kind, controller_id, state, created_at, updated_at, usage_at)"
+             " SELECT 'lab', 'slurm', id, 'deployed', :t, :t, :t FROM node WHERE name = 'gpu01'", t="2026-01-01")
+    site.sql("INSERT INTO wlm_member (cluster_id, node_id, role) SELECT c.id, n.id, 'compute' FROM wlm_cluster c, node n")
+    site.sql("INSERT INTO wlm_usage (cluster_id, node_id, account, gpus, jobs) SELECT c.id, n.id, 'nlp', 3, 1"
+             " FROM wlm_cluster c, node n WHERE n.name = 'gpu01'")  # fmt: skip
+
+
 def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(browser: Any, site: Site) -> None:
     site.nodes("gpu[01-03]")
+    seed_tenants(site)
     page = sign_in(browser, site, site.server.token())
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
@@ -51,6 +65,14 @@ def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(b
         assert page.locator("main h1").count() == 1, path
         shoot(page, "admin-" + (path.removeprefix("/ui/").strip("/").replace("/", "-") or "overview"))
     # a CSP violation (an inline style or script of ours) or a fetch from elsewhere would be listed here
+    assert problems == []
+    # the tenants' sample: a Tenant cell on the Nodes page, a meter of GPUs in use on the Tenancy page
+    page.goto("/ui/nodes")
+    assert page.locator('tr[data-node="gpu01"] td.tenants').inner_text() == "nlp 3 GPUs"
+    page.goto("/ui/tenancy")
+    meter = page.locator('tr[data-project="nlp"] meter')
+    assert meter.evaluate("m => [m.value, m.max, m.low, m.high]") == [3, 4, 2, 4]
+    assert meter.get_attribute("aria-label") == "nlp: 3 of 4 GPUs in use (deserves 2)"
     assert problems == []
     # keyboard: the first Tab reaches the skip link, which leads to the page's content
     page.goto("/ui/nodes")

@@ -20,6 +20,10 @@ Contract of :class:`WorkloadManager`:
   (hand edits there show as ``drift``); it changes nothing. ``tenancy_apply`` makes the members'
   Unix users where jobs need them, runs the plan's changes in order, and returns the plan it ran;
   applying again right after finds nothing to change. Only accounts bcm made are ever touched.
+- ``node_usage`` is a sample of who runs on which node now: one :class:`NodeUsage` per (node,
+  account) with running work, the account as the workload manager names it (a Slurm account, a
+  Kubernetes namespace: a project's), its GPUs split across the job's nodes. Nodes with nothing
+  running are absent. The caller bounds and stores it (``bcm.services.wlm_usage``).
 - Node states are the workload manager's own words, lower case (Slurm: ``idle``, ``drained``,
   ``idle*`` …); only the predicates here interpret them (``is_responding``, ``is_drained``,
   ``drained_by_bcm``), so callers never parse them.
@@ -159,6 +163,16 @@ class AccountUsage:
     gpus_pending: int = 0
 
 
+@dataclass(frozen=True)
+class NodeUsage:
+    """What one account's running work holds on one node now."""
+
+    node: str
+    account: str
+    gpus: int = 0
+    jobs: int = 0  # jobs (Slurm) or pods (Kubernetes) of the account on the node
+
+
 class WorkloadManager(Protocol):
     """One kind of workload manager (see the module docstring for the contract)."""
 
@@ -240,6 +254,10 @@ class WorkloadManager(Protocol):
         self, ssh: SshClient, controller: Target, accounts: list[str], timeout_s: float = 30
     ) -> dict[str, AccountUsage]:
         """Fair share and GPUs held or wanted now, per named account."""
+        ...
+
+    async def node_usage(self, ssh: SshClient, controller: Target, timeout_s: float = 30) -> list[NodeUsage]:
+        """Which accounts run work on which nodes now, and the GPUs they hold there."""
         ...
 
     def drain_reason(self, reason: str | None) -> str:

@@ -7,16 +7,18 @@
   members to the ``edit`` role in its namespace.
 
 Every object carries ``bcm.io/tenancy=true``, so bcm finds (and only ever removes) its own.
+
+Use is read back the same way round: a running pod's namespace is its project (:func:`pod_usage`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bcm.domain import kubernetes as k8s
-from bcm.drivers.wlm.base import AccountSpec
+from bcm.drivers.wlm.base import AccountSpec, NodeUsage
 
 LABEL = "bcm.io/tenancy"
 LABELS = {LABEL: "true", "app.kubernetes.io/managed-by": "bcm"}
@@ -118,3 +120,41 @@ def describe(obj: Obj) -> str:
     if obj.kind == "LocalQueue":
         return f"clusterQueue {spec['clusterQueue']}"
     return obj.name
+
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def _quantity(value: Any) -> int:
+    """A GPU count from a resource quantity (``"2"``; anything else counts as none)."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() else 0
+
+
+def pod_gpus(pod: dict[str, Any]) -> int:
+    """GPUs a pod's containers hold (limits, or requests where no limit is set: extended resources
+    need both equal)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        total += _quantity(limits.get(k8s.GPU_RESOURCE, requests.get(k8s.GPU_RESOURCE, 0)))
+    return total
+
+
+def pod_usage(pods: Iterable[dict[str, Any]]) -> list[NodeUsage]:
+    """Per (node, namespace): the running pods that hold GPUs or were admitted through a Kueue queue, and
+    their GPUs (pods as the API serializes them). The system's own pods on every node are no tenant."""
+    held: dict[tuple[str, str], list[int]] = {}
+    for pod in pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        node, namespace = spec.get("nodeName"), meta.get("namespace")
+        if (pod.get("status") or {}).get("phase") != "Running" or not node or not namespace:
+            continue
+        gpus = pod_gpus(pod)
+        if gpus == 0 and QUEUE_LABEL not in (meta.get("labels") or {}):
+            continue
+        slot = held.setdefault((str(node), str(namespace)), [0, 0])
+        slot[0] += gpus
+        slot[1] += 1
+    return [NodeUsage(node, ns, gpus, pods) for (node, ns), (gpus, pods) in sorted(held.items())]

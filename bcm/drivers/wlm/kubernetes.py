@@ -46,6 +46,7 @@ from bcm.drivers.wlm.base import (
     ClusterSpec,
     Controller,
     DeployPlan,
+    NodeUsage,
     Render,
     TenancyChange,
     TenancyPlan,
@@ -64,7 +65,7 @@ DATA_DIR = "/var/lib/bcm-k8s"
 KUEUE_DIR = f"{NODE_DIR}/kueue"
 CLUSTER_QUEUE = "bcm-gpus"
 LOCAL_QUEUE = "bcm"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+QUEUE_LABEL = k8t.QUEUE_LABEL
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 LAB_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "kueue")
 KUEUE_WEBHOOKS = (  # the admission webhooks of the integrations bcm enables (batch/job) and Kueue's own objects
@@ -853,6 +854,16 @@ class Kubernetes:
                 out[name] = AccountUsage(name, raw_shares=int(str(weight)) if str(weight).isdigit() else None,
                                          gpus_running=used, gpus_pending=_pending_gpus(api, name))  # fmt: skip
             return out
+
+        return await self._with_api(controller, run, timeout_s)
+
+    async def node_usage(self, ssh: SshClient, controller: Target, timeout_s: float = 30) -> list[NodeUsage]:
+        """The running pods of every namespace: a project's namespace is its tenant (``k8t.pod_usage``)."""
+
+        def run(api: Api) -> list[NodeUsage]:
+            pods: Any = api.call("list pods", api.core.list_pod_for_all_namespaces,
+                                 field_selector="status.phase=Running")  # fmt: skip
+            return k8t.pod_usage(api.api.sanitize_for_serialization(p) for p in pods.items)
 
         return await self._with_api(controller, run, timeout_s)
 

@@ -23,12 +23,14 @@ from bcm.drivers import ansible
 from bcm.drivers.ansible import AnsibleHost, PlaybookResult
 from bcm.drivers.ssh import HostResult, HostStatus, SshClient, Target
 from bcm.drivers.wlm import slurm_accounts as accts
+from bcm.drivers.wlm import slurm_usage
 from bcm.drivers.wlm.base import (
     AccountSpec,
     AccountUsage,
     AnsibleAccess,
     ClusterSpec,
     DeployPlan,
+    NodeUsage,
     Render,
     TenancyPlan,
     VerifyResult,
@@ -436,6 +438,12 @@ class Slurm:
         queue_cmd = shlex.join(["squeue", "-h", "-A", names, "-o", "%a|%T|%D|%b"])
         queue = _ok(await ssh.run_one(controller, queue_cmd, command_timeout=timeout_s), "squeue")
         return parse_usage(accounts, shares, queue)
+
+    async def node_usage(self, ssh: SshClient, controller: Target, timeout_s: float = 30) -> list[NodeUsage]:
+        """squeue's running jobs: account, nodes and allocated GPUs (see ``slurm_usage``)."""
+        cmd = shlex.join(slurm_usage.SQUEUE_ARGV)
+        out = _ok(await ssh.run_one(controller, cmd, command_timeout=timeout_s), "squeue")
+        return slurm_usage.parse_running(out)
 
     def drain_reason(self, reason: str | None) -> str:
         return clean_reason(reason)
