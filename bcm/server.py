@@ -66,6 +66,8 @@ def serve(settings: Settings) -> None:
         log.warning("created the first admin token; it is in %s (mode 0600)", token_file)
     db = engine.url.render_as_string(hide_password=True)
     log.info("bcm serving on http://%s:%s, database %s", settings.host, settings.port, db)
+    writers = settings.health.writer_processes(sqlite=engine.dialect.name == "sqlite")
+    log.info("health reports written by %s", f"{writers} writer processes" if writers else "a server thread")
     if settings.pxe.enabled:  # a PXE setting dnsmasq would refuse stops the start, with one line
         from bcm.drivers import dnsmasq
         from bcm.services import pxe
