@@ -57,7 +57,7 @@ def forwarding(settings: Settings) -> tuple[bool, list[str] | None]:
 
 
 def serve(settings: Settings) -> None:
-    uvicorn_level = logs.configure(settings.log_level)
+    uvicorn_level = logs.configure(settings.log_level, settings.log_format)
     from bcm.workers.leader import claim_sqlite
 
     claim_sqlite(settings)  # one server per SQLite file: a second one stops here, with one line
@@ -85,6 +85,8 @@ def serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=uvicorn_level,
+        # JSON: uvicorn's loggers go to the root handler above (its own config would print plain text)
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         access_log=False,
         http=PathsendProtocol,  # whole boot artifacts by sendfile(2) (bcm.pathsend)
         proxy_headers=proxy_headers,

@@ -232,6 +232,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8470, ge=1, le=65535)
     database_url: str | None = None
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one JSON object a line (bcm.logs)
     ssh: SshSettings = SshSettings()
     health: HealthSettings = HealthSettings()
     pxe: PxeSettings = PxeSettings()
@@ -251,6 +252,13 @@ class Settings(BaseSettings):
 
         level_number(level)  # refused here, before anything starts, not when logging is set up
         return level
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, fmt: str) -> str:
+        from bcm.logs import check_format
+
+        return check_format(fmt)
 
     @property
     def effective_database_url(self) -> str:

@@ -317,7 +317,7 @@ def _writer_start(settings: Settings, url: str, server_pid: int | None = None) -
     from bcm import logs
     from bcm.db import make_engine
 
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     _writer["settings"] = settings
     # no ping before each batch (a round trip per batch): a connection the database dropped costs the
     # batch on it a 503, which the agents send again, and the pool then drops every older connection
