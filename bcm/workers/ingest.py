@@ -100,6 +100,7 @@ class IngestQueue:
         self._closed = False
         self.batches = 0  # flushed batches, for /metrics and the bench
         self.reports = 0
+        self.refused = 0  # reports refused with a 503 because ``capacity`` were already waiting
 
     @property
     def waiting(self) -> int:
@@ -111,6 +112,7 @@ class IngestQueue:
         if self._closed:
             raise Unavailable("the server is stopping; send the report again", retry_after=RETRY_AFTER_S)
         if len(self._pending) >= self.capacity:
+            self.refused += 1
             raise Unavailable(
                 f"health ingest is behind ({len(self._pending)} reports waiting); send it again",
                 retry_after=RETRY_AFTER_S,
