@@ -153,6 +153,17 @@ def test_every_metric_named_is_exported(bcm_server: Server) -> None:
         assert not missing, f"dashboard query {expr!r} names metrics /metrics does not export: {sorted(missing)}"
 
 
+def test_dashboard_layout() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in doc["panels"]:
+        pos = p["gridPos"]
+        assert pos["x"] + pos["w"] <= 24 and p["targets"], p["title"]
+        assert p["datasource"]["uid"] == "${datasource}"  # the data source is picked at import
+    assert [v["name"] for v in doc["templating"]["list"]] == ["datasource", "node"]
+
+
 def test_state_counts_are_exported(bcm_server: Server) -> None:
     r = httpx.get(f"{bcm_server.url}/metrics", headers={"Authorization": f"Bearer {bcm_server.token()}"}, timeout=30)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(r.text)
@@ -213,6 +224,9 @@ def test_a_real_prometheus_scrapes_bcm(bcm_server: Server, tmp_path: Path) -> No
         assert nodes[0]["value"][1] == "1"
         temps = query_until(api, 'DCGM_FI_DEV_GPU_TEMP{Hostname="gpu01"}', proc, log)
         assert len(temps) == gpu_series(bcm_server, "DCGM_FI_DEV_GPU_TEMP") > 0  # one per GPU reported
+        for expr in dashboard_exprs():  # every dashboard query parses and runs ($node: every node)
+            r = httpx.get(f"{api}/query", params={"query": expr.replace("$node", ".*")}, timeout=10)
+            assert r.status_code == 200 and r.json()["status"] == "success", (expr, r.text)
         rules = httpx.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
         assert {r["name"] for g in rules for r in g["rules"]} == set(rule_exprs())
         assert all(r["health"] != "err" for g in rules for r in g["rules"]), rules
