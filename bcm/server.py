@@ -57,7 +57,7 @@ def forwarding(settings: Settings) -> tuple[bool, list[str] | None]:
 
 
 def serve(settings: Settings) -> None:
-    uvicorn_level = logs.configure(settings.log_level)
+    uvicorn_level = logs.configure(settings.log_level, settings.log_format)
     from bcm.workers.leader import claim_sqlite
 
     claim_sqlite(settings)  # one server per SQLite file: a second one stops here, with one line
@@ -66,6 +66,8 @@ def serve(settings: Settings) -> None:
         log.warning("created the first admin token; it is in %s (mode 0600)", token_file)
     db = engine.url.render_as_string(hide_password=True)
     log.info("bcm serving on http://%s:%s, database %s", settings.host, settings.port, db)
+    writers = settings.health.writer_processes(sqlite=engine.dialect.name == "sqlite")
+    log.info("health reports written by %s", f"{writers} writer processes" if writers else "a server thread")
     if settings.pxe.enabled:  # a PXE setting dnsmasq would refuse stops the start, with one line
         from bcm.drivers import dnsmasq
         from bcm.services import pxe
@@ -83,6 +85,8 @@ def serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=uvicorn_level,
+        # JSON: uvicorn's loggers go to the root handler above (its own config would print plain text)
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         access_log=False,
         http=PathsendProtocol,  # whole boot artifacts by sendfile(2) (bcm.pathsend)
         proxy_headers=proxy_headers,

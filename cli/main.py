@@ -7,7 +7,23 @@ from typing import Annotated
 
 import typer
 
-from cli import agent, category, ha, health, image, lab, node, op, power, pxe, tenancy, token, user, wlm
+from cli import (
+    agent,
+    category,
+    ha,
+    health,
+    image,
+    lab,
+    node,
+    op,
+    power,
+    pxe,
+    service,
+    tenancy,
+    token,
+    user,
+    wlm,
+)
 from cli.client import CliError
 from cli.common import TokenOpt, UrlOpt, configure
 from cli.render import err
@@ -31,6 +47,7 @@ app.add_typer(wlm.app, name="wlm")
 app.add_typer(power.app, name="power")
 app.add_typer(image.app, name="image")
 app.add_typer(pxe.app, name="pxe")
+app.add_typer(service.app, name="service")
 app.add_typer(tenancy.dept_app, name="dept")
 app.add_typer(tenancy.project_app, name="project")
 app.add_typer(tenancy.tenancy_app, name="tenancy")
@@ -50,6 +67,10 @@ def serve(
         str | None,
         typer.Option(help="debug, info, warning or error (BCM_LOG_LEVEL); libraries log only at debug"),
     ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(help="text, or json: one JSON object a line for a log collector (BCM_LOG_FORMAT)"),
+    ] = None,
 ) -> None:
     """Run the head-node server (API, boot files, background work)."""
     from pydantic import ValidationError
@@ -58,7 +79,9 @@ def serve(
     from bcm.settings import Settings
 
     overrides = {
-        k: v for k, v in {"host": host, "port": port, "log_level": log_level}.items() if v is not None
+        k: v
+        for k, v in {"host": host, "port": port, "log_level": log_level, "log_format": log_format}.items()
+        if v is not None
     }
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]

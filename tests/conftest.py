@@ -86,7 +86,10 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def settings(tmp_path: Path, db_url: str):  # type: ignore[no-untyped-def]
     from bcm.settings import Settings
 
-    return Settings(state_dir=tmp_path / "state", database_url=db_url)
+    # health reports in the server's thread, as on one core: the default on more cores starts writer
+    # processes for each app, which doubles the time of every test that posts a report. Tests of the
+    # writers set ingest_processes themselves; tests/unit/test_ingest_defaults.py checks the default.
+    return Settings(state_dir=tmp_path / "state", database_url=db_url, health={"ingest_processes": 0})
 
 
 @pytest.fixture

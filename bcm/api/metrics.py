@@ -6,7 +6,11 @@ Series keep dcgm-exporter's names (``DCGM_FI_DEV_GPU_TEMP``, ``DCGM_FI_DEV_POWER
 All are gauges, as dcgm-exporter's ECC and Xid fields are point readings (reset with the GPU). bcm adds
 ``bcm_gpu_health`` and ``bcm_node_health`` (0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL), the report age and bcm's drains,
 and counters of the boot artifacts this process sent (``bcm_boot_artifact_bytes_total{way}``, ``…_aborted_total``)
-and of the health reports it wrote (``bcm_health_ingest_reports_total``, ``…_batches_total``, ``…_waiting``).
+and of the health reports it wrote (``bcm_health_ingest_reports_total``, ``…_batches_total``, ``…_waiting``,
+``…_capacity``, ``…_refused_total``). For alerting on bcm itself: ``bcm_nodes{state}`` and
+``bcm_operations{state}`` (rows in the database, the same on every server and shard: alert on their max),
+and this server's dnsmasq (``bcm_dnsmasq_running``, ``bcm_dnsmasq_restarts_total``; 0 where this server is
+not the leader or PXE is off). docs/prometheus/bcm-rules.yml alerts on them; docs/grafana/bcm.json shows them.
 
 Authentication: any token of role viewer or higher (``Authorization: Bearer …``; in Prometheus,
 ``authorization: {credentials_file: …}`` in the scrape config). Node tokens are refused. At tens of
@@ -28,6 +32,8 @@ from bcm.api.deps import SessionDep, Viewer
 from bcm.api.params import HostlistQuery
 from bcm.models.health import GpuHealth, NodeHealth
 from bcm.services import health_queries as q
+from bcm.services import nodes as nodes_svc
+from bcm.services import operations as ops_svc
 
 router = APIRouter(tags=["metrics"])
 
@@ -139,7 +145,37 @@ class IngestCollector(Collector):
         reports.add_metric([], float(self.queue.reports))
         waiting = GaugeMetricFamily("bcm_health_ingest_waiting", "Health reports waiting for a transaction.")
         waiting.add_metric([], float(self.queue.waiting))
-        yield from (batches, reports, waiting)
+        capacity = GaugeMetricFamily(
+            "bcm_health_ingest_capacity", "Reports that may wait (BCM_HEALTH__INGEST_QUEUE); beyond, a 503."
+        )
+        capacity.add_metric([], float(self.queue.capacity))
+        refused = CounterMetricFamily(
+            "bcm_health_ingest_refused", "Health reports refused with a 503 because the queue was full."
+        )
+        refused.add_metric([], float(self.queue.refused))
+        yield from (batches, reports, waiting, capacity, refused)
+
+
+class StateCollector(Collector):
+    """Nodes and operations by state (counted in the database) and the dnsmasq this server supervises."""
+
+    def __init__(self, nodes: dict[str, int], operations: dict[str, int], dhcp: Any) -> None:
+        self.nodes, self.operations, self.dhcp = nodes, operations, dhcp
+
+    def collect(self) -> Iterator[Any]:
+        nodes = GaugeMetricFamily("bcm_nodes", "Nodes in each provision state.", labels=["state"])
+        for state, n in sorted(self.nodes.items()):
+            nodes.add_metric([state], float(n))
+        ops = GaugeMetricFamily("bcm_operations", "Operations in the database in each state.", labels=["state"])
+        for state, n in sorted(self.operations.items()):
+            ops.add_metric([state], float(n))
+        running = GaugeMetricFamily("bcm_dnsmasq_running", "1 while this server's dnsmasq is running.")
+        running.add_metric([], 1.0 if self.dhcp is not None and self.dhcp.pid is not None else 0.0)
+        restarts = CounterMetricFamily(
+            "bcm_dnsmasq_restarts", "Times this server started dnsmasq again after it exited."
+        )
+        restarts.add_metric([], float(self.dhcp.restarts if self.dhcp is not None else 0))
+        yield from (nodes, ops, running, restarts)
 
 
 @router.get(
@@ -162,4 +198,6 @@ def metrics(
     registry.register(HealthCollector(q.metric_rows(session, nodes), q.node_metric_rows(session, nodes)))
     registry.register(BootCollector())
     registry.register(IngestCollector(request.app.state.ingest))
+    dhcp = getattr(request.app.state, "dhcp", None)
+    registry.register(StateCollector(nodes_svc.count_by_state(session), ops_svc.count_by_state(session), dhcp))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

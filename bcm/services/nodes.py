@@ -536,3 +536,12 @@ def hardware(session: Session, name: str) -> dict[str, Any]:
         "facts": node.facts or {},
         "gpus": [g.model_dump(exclude={"id", "node_id"}) for g in gpus],
     }
+
+
+def count_by_state(session: Session) -> dict[str, int]:
+    """How many nodes are in each provision state (every state named, 0 where none is): one GROUP BY."""
+    counts = {state.value: 0 for state in State}
+    rows = session.exec(select(Node.provision_state, func.count()).group_by(col(Node.provision_state))).all()
+    for state, n in rows:
+        counts[state] = int(n)
+    return counts

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bcm.errors import Conflict, NotFound
@@ -298,3 +298,12 @@ def cancel(session: Session, op_id: int, actor: str) -> Operation:
     session.refresh(op)
     close(session, op, OpState.CANCELLED, f"cancelled by {actor}")
     return op
+
+
+def count_by_state(session: Session) -> dict[str, int]:
+    """How many operations the database holds in each state (every state named, 0 where none is)."""
+    counts = {state.value: 0 for state in OpState}
+    rows = session.exec(select(Operation.state, func.count()).group_by(col(Operation.state))).all()
+    for state, n in rows:
+        counts[state] = int(n)
+    return counts

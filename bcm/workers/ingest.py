@@ -16,7 +16,8 @@ PostgreSQL with ``synchronous_commit`` as the server has it (on by default: flus
 SQLite in WAL mode. A report that cannot be stored is never acknowledged: the agent gets the error (503
 with Retry-After when the database is away), keeps the report and sends a newer one next interval.
 
-Where the work runs: with ``health.ingest_processes`` = 0, in a worker thread of the server; with N > 0,
+Where the work runs (``health.ingest_processes``, unset: chosen from the cores by
+:func:`bcm.settings.default_ingest_processes`): with 0, in a worker thread of the server; with N > 0,
 in N processes of their own (each with its own database engine), so that parsing, judging and writing
 reports use other cores than the one the server's event loop answers HTTP on: the request hands the raw
 body over and the writer parses and validates it (in a thread the request parses it). Either way the
@@ -83,7 +84,7 @@ class IngestQueue:
         self.engine, self.settings = engine, settings
         self.capacity = settings.health.ingest_queue
         self.batch = settings.health.ingest_batch
-        self.processes = settings.health.ingest_processes
+        self.processes = settings.health.writer_processes(sqlite=engine.dialect.name == "sqlite")
         # batches being written at once: one per process and one more, waiting, so that a process that
         # finishes starts the next at once; in a thread one (the requests parse while it commits)
         self.in_flight = self.processes + 1 if self.processes else 1
@@ -99,6 +100,7 @@ class IngestQueue:
         self._closed = False
         self.batches = 0  # flushed batches, for /metrics and the bench
         self.reports = 0
+        self.refused = 0  # reports refused with a 503 because ``capacity`` were already waiting
 
     @property
     def waiting(self) -> int:
@@ -110,6 +112,7 @@ class IngestQueue:
         if self._closed:
             raise Unavailable("the server is stopping; send the report again", retry_after=RETRY_AFTER_S)
         if len(self._pending) >= self.capacity:
+            self.refused += 1
             raise Unavailable(
                 f"health ingest is behind ({len(self._pending)} reports waiting); send it again",
                 retry_after=RETRY_AFTER_S,
@@ -316,7 +319,7 @@ def _writer_start(settings: Settings, url: str, server_pid: int | None = None) -
     from bcm import logs
     from bcm.db import make_engine
 
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     _writer["settings"] = settings
     # no ping before each batch (a round trip per batch): a connection the database dropped costs the
     # batch on it a 503, which the agents send again, and the pool then drops every older connection

@@ -119,6 +119,7 @@ def test_a_full_queue_refuses_with_retry_after_and_keeps_what_it_took(
     assert isinstance(refused, Unavailable) and refused.status_code == 503 and refused.retry_after >= 1
     assert "waiting" in refused.message
     assert rows(engine, HealthRecord, "gpu02") == 0
+    assert (queue.refused, queue.reports) == (1, 1)  # /metrics: bcm_health_ingest_refused_total
 
 
 def test_stopping_writes_the_waiting_reports_and_refuses_new_ones(api: Any, engine: Engine, settings: Any) -> None:

@@ -401,6 +401,8 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
         assert time.monotonic() < deadline, now
         time.sleep(0.2)
     assert now["dnsmasq_restarts"] == 1 and os.path.exists(f"/proc/{now['dnsmasq_pid']}")
+    scraped = api.get("/metrics").text.splitlines()  # what docs/prometheus/bcm-rules.yml alerts on
+    assert "bcm_dnsmasq_restarts_total 1.0" in scraped and "bcm_dnsmasq_running 1.0" in scraped
 
     api.__exit__(None, None, None)  # a restart: the stored settings come back, and dnsmasq with them
     assert not os.path.exists(f"/proc/{now['dnsmasq_pid']}") or Path(f"/proc/{now['dnsmasq_pid']}/stat").read_text().split()[2] == "Z"
