@@ -31,6 +31,8 @@ class Server:
     log: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"  # where it listens; clients always use loopback
+    argv: list[str] = field(default_factory=lambda: list(BCM))  # the bcm it runs (an installed one: its bin/bcm)
+    cwd: Path = REPO
 
     @property
     def url(self) -> str:
@@ -52,9 +54,9 @@ class Server:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [*BCM, "serve", "--host", self.host],
+                [*self.argv, "serve", "--host", self.host],
                 env=self.env(),
-                cwd=REPO,
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -84,9 +86,9 @@ class Server:
 
     def cli(self, *args: str, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*BCM, *args],
+            [*self.argv, *args],
             env=self.env(**env),
-            cwd=REPO,
+            cwd=self.cwd,
             capture_output=True,
             text=True,
             input=input,

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bcm import resources
 from bcm.domain.kernel_args import check_kernel_args
 
 
@@ -172,8 +173,8 @@ class PxeSettings(BaseModel):
 
 
 def _default_recipes_dir() -> Path:
-    """The recipes beside the source tree (``images/`` of the checkout bcm runs from)."""
-    return Path(__file__).resolve().parents[1] / "images"
+    """bcm's own recipes (``images/``, package data)."""
+    return resources.images_dir()
 
 
 class ImagesSettings(BaseModel):

@@ -21,18 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bcm import resources
 from bcm.errors import DriverError, FatalDriverError
 
 log = logging.getLogger(__name__)
 
 
 def playbook_dir() -> Path:
-    """``$BCM_ANSIBLE_DIR``, else the source checkout's ``ansible/``, else ``<prefix>/share/bcm/ansible``."""
-    for candidate in (
-        os.environ.get("BCM_ANSIBLE_DIR"),
-        Path(__file__).resolve().parents[2] / "ansible",
-        Path(sys.prefix) / "share" / "bcm" / "ansible",
-    ):
+    """``$BCM_ANSIBLE_DIR``, else bcm's own ``ansible/`` (package data, :mod:`bcm.resources`)."""
+    for candidate in (os.environ.get("BCM_ANSIBLE_DIR"), resources.ansible_dir()):
         if candidate and (Path(candidate) / "roles").is_dir():
             return Path(candidate)
     raise FatalDriverError("no ansible/ directory with roles found (set BCM_ANSIBLE_DIR)")

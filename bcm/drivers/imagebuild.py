@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bcm import resources
 from bcm.domain.image_recipe import BUILDER_VERSION, Recipe, layer_keys
 from bcm.errors import FatalDriverError, InvalidInput
 
@@ -45,7 +46,6 @@ __all__ = ["BUILDER_VERSION", "Artifact", "BuildResult", "build", "layer_dir", "
 Log = Callable[[str], None]
 Progress = Callable[[float], None]
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "image"
 HOST_BUSYBOX = Path("/bin/busybox")  # Debian busybox-static
 MARKER = "complete"
 # What the initramfs needs to reach the network, fetch the image and mount it (plus their dependencies).
@@ -488,7 +488,7 @@ def _pack_initramfs(tree: Path, kver: str, out: Path, work: Path, log: Log, dead
     (root / "etc/bcm/modules").write_text("".join(line + "\n" for line in listed))
     for name, mode in (("init", 0o755), ("udhcpc.script", 0o755)):
         destination = root / "init" if name == "init" else root / "etc/bcm" / name
-        shutil.copyfile(TEMPLATES / name, destination)
+        shutil.copyfile(resources.templates_dir() / "image" / name, destination)
         destination.chmod(mode)
     log(f"bcm: initramfs: busybox, {len(modules)} modules for {kver}")
     script = 'find . -print0 | LC_ALL=C sort -z | cpio --null --create --format=newc --owner=0:0 --quiet | gzip -9n > "$1"'

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from bcm import resources
 from bcm.domain import image_recipe
 from bcm.drivers import imagebuild
 from bcm.errors import BcmError
@@ -19,7 +20,7 @@ from bcm.lab.errors import LabError
 
 log = logging.getLogger("bcm.lab")
 DEFAULT_CACHE_DIR = Path("/var/cache/bcm")
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "images"
+RECIPES_DIR = resources.images_dir()
 RECIPE = "lab"
 BUILD_TIMEOUT_S = 3600
 # what the lab's nodes must carry (tests/unit/test_image_recipes.py checks the recipes hold them)

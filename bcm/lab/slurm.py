@@ -61,15 +61,20 @@ class SlurmLab:
         name: str = "bcmslurm",
         subnet: str = "198.18.3.0/24",
         server_host: str = "127.0.0.1",
+        bcm: list[str] | None = None,
+        cwd: Path = REPO,
     ) -> Iterator[SlurmLab]:
         """Everything up (server, `bcm lab up`, inventory); everything down afterwards.
 
-        ``server_host="0.0.0.0"`` lets lab nodes reach the server at the head's lab address (agents).
+        ``server_host="0.0.0.0"`` lets lab nodes reach the server at the head's lab address (agents);
+        ``bcm`` (with ``cwd``) runs another bcm than this checkout's, such as an installed wheel's bin/bcm.
         """
         server = Server(
             work_dir / "state",
             extra_env={"BCM_SSH__CONNECT_TIMEOUT_S": "5", "BCM_SSH__COMMAND_TIMEOUT_S": "120"},
             host=server_host,
+            argv=list(bcm or BCM),
+            cwd=cwd,
         )
         built = Lab(server.state_dir / "lab" / name, name, subnet=subnet)  # where `bcm lab up` keeps it
         try:
@@ -89,7 +94,7 @@ class SlurmLab:
         finally:
             try:
                 subprocess.run(
-                    [*BCM, "lab", "down", "--name", name], env=server.env(), cwd=REPO,
+                    [*server.argv, "lab", "down", "--name", name], env=server.env(), cwd=server.cwd,
                     capture_output=True, timeout=300, check=False,
                 )  # fmt: skip
                 built.down()  # whatever the command left (it should leave nothing)
@@ -134,9 +139,9 @@ class SlurmLab:
     def cli_raw(self, *args: str) -> subprocess.CompletedProcess[str]:
         """The real CLI against the server."""
         return subprocess.run(
-            [*BCM, *args],
+            [*self.server.argv, *args],
             env=self.server.env(),
-            cwd=REPO,
+            cwd=self.server.cwd,
             capture_output=True,
             text=True,
             timeout=900,

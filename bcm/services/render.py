@@ -1,21 +1,21 @@
 """The one jinja2 environment for every template bcm renders (dnsmasq, iPXE, Slurm, Kubernetes).
 
 Templates live under ``templates/`` at the path of the file they become (``slurm/etc/slurm/slurm.conf.j2``).
-They are found, in order: ``$BCM_TEMPLATES_DIR``; the source checkout's ``templates/``; the
-installed copy under ``<prefix>/share/bcm/templates``. StrictUndefined: a missing value is an error at
+They are found, in order: ``$BCM_TEMPLATES_DIR``; bcm's own, package data (:mod:`bcm.resources`).
+StrictUndefined: a missing value is an error at
 render time, never an empty string in a config file.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from bcm import resources
 from bcm.errors import BcmError
 
 
@@ -23,8 +23,7 @@ def template_dirs() -> list[Path]:
     candidates = []
     if os.environ.get("BCM_TEMPLATES_DIR"):
         candidates.append(Path(os.environ["BCM_TEMPLATES_DIR"]))
-    candidates.append(Path(__file__).resolve().parents[2] / "templates")
-    candidates.append(Path(sys.prefix) / "share" / "bcm" / "templates")
+    candidates.append(resources.templates_dir())
     return [c for c in candidates if c.is_dir()]
 
 
@@ -32,7 +31,7 @@ def template_dirs() -> list[Path]:
 def environment() -> jinja2.Environment:
     dirs = template_dirs()
     if not dirs:
-        raise BcmError("no templates directory found (set BCM_TEMPLATES_DIR to the repository's templates/)")
+        raise BcmError("no templates directory found (set BCM_TEMPLATES_DIR to a templates/ directory)")
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
         undefined=jinja2.StrictUndefined,

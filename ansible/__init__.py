@@ -1,0 +1,1 @@
+"""Package data (bcm._data.ansible): playbooks and roles for `bcm wlm deploy`; see bcm.resources."""

@@ -1,0 +1,1 @@
+"""Package data: bcm reads its run-time files through bcm.resources, never by path."""
