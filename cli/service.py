@@ -108,7 +108,7 @@ def install(
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc.strerror or exc} (as root, or --stdout to print it)") from None
-    out.print(f"wrote {path}", markup=False, highlight=False)
+    out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length
     err.print(
         f"start it now and at every boot:\n  systemctl daemon-reload && systemctl enable --now {unit_name}\n"
         f"settings (BCM_HOST=0.0.0.0, BCM_DATABASE_URL=…) go in {env_file}; logs: journalctl -u {unit_name}",

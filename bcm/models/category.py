@@ -110,7 +110,7 @@ class Category(CategoryBase, table=True):
     bmc_allow_http: bool = False  # admin only: members may reach Redfish BMCs over plain http
     # admin only, set with the password: the password also goes to a BMC that a discovery reports inside
     # this network (a machine its rule registers), bound to that BMC from then on
-    bmc_password_range: str | None = Field(default=None, max_length=64)
+    bmc_discover_range: str | None = Field(default=None, max_length=64)
 
 
 class CategoryCreate(CategoryBase):
@@ -132,5 +132,5 @@ class CategoryPublic(CategoryBase):
     health_policy: dict[str, Any] | None = None
     node_count: int = 0
     bmc_allow_http: bool = False  # set by an admin only: PUT /categories/{name}/bmc-allow-http
-    bmc_password_range: str | None = None  # set by an admin only, with the password
+    bmc_discover_range: str | None = None  # set by an admin only, with the password
     created_at: datetime

@@ -80,7 +80,7 @@ def set_category_password(
             session.add(node)
     cat.bmc_password_enc = secrets.encrypt(state_dir, password)
     cat.bmc_password_targets = {n: t for n, t in sorted(current.items()) if t is not None}
-    cat.bmc_password_range = discover_range
+    cat.bmc_discover_range = discover_range
     session.add(cat)
     also = f", and BMCs discovered in {discover_range}" if discover_range else ""
     events.record(

@@ -503,7 +503,7 @@ def zero_touch(
 
     The report is unauthenticated, so a reported BMC is taken only when no other node has it (a machine
     must not make bcm power-cycle someone else's node), and the category's password goes to it only inside
-    the range an admin set with that password (``bmc_password_range``).
+    the range an admin set with that password (``bmc_discover_range``).
     """
     from bcm.services import power as power_svc
 
@@ -538,11 +538,11 @@ def zero_touch(
 
 def in_password_range(cat: Category, address: str) -> bool:
     """Whether the category's BMC password may go to a BMC at ``address`` that a discovery reported."""
-    if not (cat.bmc_password_enc and cat.bmc_password_range):
+    if not (cat.bmc_password_enc and cat.bmc_discover_range):
         return False
     try:
         host = ipaddress.ip_address(parse_bmc_address(address).host)
-        return host in ipaddress.ip_network(cat.bmc_password_range, strict=False)
+        return host in ipaddress.ip_network(cat.bmc_discover_range, strict=False)
     except (ValueError, InvalidInput):
         return False  # a host name is never inside a range
 

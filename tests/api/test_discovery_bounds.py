@@ -126,7 +126,8 @@ def test_a_discovery_rule_names_only_so_many_machines_that_never_went_further(
     assert sum("never provisioned (limit 2); left discovered" in m for m in messages) == 3
     # a name the rule handed out is given back (the machine removed): the rule names the next machine
     assert api.delete("/api/v1/nodes", params={"nodes": "dgx02"}).status_code == 200
-    assert post(api, "52:54:00:aa:00:06", FACTS).json() == {"node": "dgx02", "state": "registered", "assigned": True}
+    assert post(api, "52:54:00:aa:00:06", FACTS).json() == {"node": "dgx02", "state": "registered", "assigned": True,
+                                                          "provisioning": False}
     # machines the admin registered in the category without the rule's MAC prefix do not count
     assert api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03]", "category": "dgx"}).status_code in (200, 201)
     assert post(api, "52:54:00:bb:00:01", FACTS).json()["state"] == "discovered"  # no rule matches this MAC

@@ -141,7 +141,8 @@ def test_discovery_then_assign(api: TestClient, engine: Any, settings: Any) -> N
     assert f"/boot/v1/images/img/{version}/vmlinuz" in text and "bcm.discover=" in text and "bcm.token" not in text
     r = api.post("/boot/v1/discover", json={"mac": MAC.upper(), "facts": FACTS}, headers={"Authorization": ""})
     assert r.status_code == 202, r.text
-    assert r.json() == {"node": "mac-525400aa0001", "state": "discovered", "assigned": False}
+    assert r.json() == {"node": "mac-525400aa0001", "state": "discovered", "assigned": False,
+                        "provisioning": False}
     listed = api.get("/api/v1/discovered").json()
     assert [(d["mac"], d["threads"], d["nvidia_pci_devices"], d["disks"]) for d in listed] == [(MAC, 4, 1, 1)]
     # a second report of the same machine updates it; a bad one is a 422 naming the field, and stores nothing
@@ -431,7 +432,8 @@ def test_a_category_rule_assigns_discovered_machines(api: TestClient, engine: An
         assert r.status_code == 202, r.text
         return dict(r.json())
 
-    assert discover("52:54:00:aa:00:01") == {"node": "dgx02", "state": "registered", "assigned": True}
+    assert discover("52:54:00:aa:00:01") == {"node": "dgx02", "state": "registered", "assigned": True,
+                                                "provisioning": False}
     n = node(api, "dgx02")
     assert n["category"] == "dgx" and n["interfaces"][0]["mac"] == "52:54:00:aa:00:01"
     assert discover("52:54:00:aa:00:02")["state"] == "discovered"  # the pool is used up

@@ -127,9 +127,9 @@ def test_bad_bmc_reports_and_ranges_are_refused_naming_the_field(api: TestClient
     r = api.patch("/api/v1/categories/zt", json={"wlm_cluster": "Bad Name"})
     assert r.status_code == 422 and r.json()["field"] == "wlm_cluster"
     # an operator changes the category but never the password's range (it is set only with the password)
-    r = api.patch("/api/v1/categories/zt", json={"bmc_password_range": "127.0.0.0/8"})
+    r = api.patch("/api/v1/categories/zt", json={"bmc_discover_range": "127.0.0.0/8"})
     assert r.status_code in (200, 422)
-    assert api.get("/api/v1/categories/zt").json()["bmc_password_range"] is None
+    assert api.get("/api/v1/categories/zt").json()["bmc_discover_range"] is None
 
 
 class Recorder:

@@ -10,7 +10,7 @@ the token is checked); either way nothing is stored.
 from __future__ import annotations
 
 import anyio
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse, Response
 from sqlmodel import Field, SQLModel
 from starlette.background import BackgroundTask
@@ -111,7 +111,7 @@ async def report(request: Request) -> Response:
     return JSONResponse(accepted, status_code=status.HTTP_202_ACCEPTED, background=background)
 
 
-@router.post("/facts")
+@router.post("/facts", dependencies=[Depends(bearer_present)])
 async def facts(body: FactsPush, request: Request) -> dict[str, object]:
     """A node's agent sends its hardware facts (its own node only: the node comes from the token); stored as
     an SSH inventory's are. A wrong token counts toward the auth brake like a report's."""

@@ -1,7 +1,7 @@
 """Zero-touch: categories provision what their discovery rule registers and join it to a cluster
 
 ``category.auto_provision``: provision a machine the rule registered at once. ``category.wlm_cluster``:
-the workload-manager cluster its booted nodes join. ``category.bmc_password_range``: the network (admin
+the workload-manager cluster its booted nodes join. ``category.bmc_discover_range``: the network (admin
 only, set with the password) whose BMCs, as discoveries report them, get the category's BMC password.
 
 Revision ID: 0018_zero_touch
@@ -25,12 +25,12 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("auto_provision", sa.Boolean(), nullable=True))
         batch_op.add_column(sa.Column("wlm_cluster", sqlmodel.sql.sqltypes.AutoString(length=40), nullable=True))
         batch_op.add_column(
-            sa.Column("bmc_password_range", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True)
+            sa.Column("bmc_discover_range", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True)
         )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("category", schema=None) as batch_op:
-        batch_op.drop_column("bmc_password_range")
+        batch_op.drop_column("bmc_discover_range")
         batch_op.drop_column("wlm_cluster")
         batch_op.drop_column("auto_provision")
