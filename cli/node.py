@@ -370,6 +370,8 @@ def wait_for(
     nodes: Annotated[str, typer.Argument(help="node name or hostlist, e.g. zt[01-03]")],
     state: Annotated[str, typer.Option(help="the state every node must reach (ready, booted, failed, …)")] = "ready",
     timeout: Annotated[float, typer.Option(help="seconds to wait at most", min=1, max=86400)] = 1800,
+    inventoried: Annotated[bool, typer.Option(help="…and inventoried (its hardware facts stored)")] = False,
+    idle: Annotated[bool, typer.Option(help="…and held by no running operation (an inventory, a deploy)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until every named node is in STATE (nodes that do not exist yet, e.g. zero-touch names not handed
@@ -397,7 +399,11 @@ def wait_for(
         if failed:
             raise CliError("; ".join(f"{k} failed: {(v.get('last_error') or '').splitlines()[0][:200]}"
                                      for k, v in sorted(failed.items())))  # fmt: skip
-        if len(by_name) == len(wanted) and all(n["provision_state"] == state for n in by_name.values()):
+        def done(n: dict[str, Any]) -> bool:
+            return (n["provision_state"] == state and (not inventoried or bool(n.get("inventoried_at")))
+                    and (not idle or not n.get("locked_by")))  # fmt: skip
+
+        if len(by_name) == len(wanted) and all(done(n) for n in by_name.values()):
             break
         if time.monotonic() > deadline:
             late = [f"{k} ({seen.get(k, 'not there yet')})" for k in wanted if seen.get(k) != state]
