@@ -28,7 +28,7 @@ pytestmark = pytest.mark.lab
 NODES = 320
 SUBNET = "198.18.32.0/23"  # up to 500 nodes
 FAN_OUT = 512
-RETRIES = 3
+RETRIES = 5  # 3 left 2 of 320 nodes timed out once while other tests loaded the 2 cores
 
 
 def test_fan_out_far_above_capacity_loses_no_host(

@@ -63,7 +63,7 @@ def test_operator_drains_a_lab_node_from_the_nodes_page_and_slurm_drains_it(
     page.wait_for_url(re.compile(r"/ui/nodes\?"))
     row = page.locator(f'tr[data-node="{node}"]')
     assert (row.locator("td.state").text_content() or "").strip() == "drained"
-    assert re.search(r"drain(ed|ing) \(lab\)", row.locator("td").last.text_content() or ""), row.inner_html()
+    assert re.search(r"drain(ed|ing) \(lab\)", row.locator("td.wlm").text_content() or ""), row.inner_html()
     shoot(page, "lab-nodes-drained")
     assert f"{node}|bcm: fan swap" in slurm_reasons(run)
 
