@@ -129,6 +129,9 @@ def test_a_paused_server_loses_its_operation_and_writes_nothing_more(
     async def scenario() -> None:
         op_id = await a.submit("inventory", ["hang1", "hang2"], "test")
         a_task = a.running[op_id]
+        # a's run has started (and stamped its lease) before the clock moves: a start after the move would
+        # renew the lease on the moved clock, and b would rightly find nothing to take (seen once in CI)
+        await _until("a's run to start", lambda: _op(engine, op_id).state == "running")
         b.settings.ssh.connect_timeout_s = 300  # b's run outlives a's
         clock.advance(LEASE_S + 0.001)
         assert await b.tick() == [op_id]
