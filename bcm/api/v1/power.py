@@ -40,7 +40,7 @@ class CategoryPasswordRequest(SQLModel):
         try:
             net = ipaddress.ip_network(v.strip(), strict=False)
         except ValueError:
-            raise InvalidInput(f"discover_range: {v[:64]!r} is not a network (like 10.1.0.0/24)",
+            raise InvalidInput(f"discover_range: {v[:64]!r} is not a network (like 198.18.0.192/26)",
                                field="discover_range") from None  # fmt: skip
         if net.num_addresses > 65536:
             raise InvalidInput(f"discover_range: {net} holds more than 65536 addresses; name the BMC network",
