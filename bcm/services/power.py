@@ -264,7 +264,7 @@ def _boot_died(node: Node) -> bool:
 
     now = utcnow()
     started = node.provision_started_at
-    locked = node.lock_owner is not None and (node.lock_expires is None or node.lock_expires > now)
+    locked = node_svc._locked(node)  # the provisioning power step still holds it
     return (
         node.provision_state == "provisioning"
         and started is not None

@@ -479,7 +479,6 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
     by_cluster: dict[str, list[int]] = {}
     for cid, cluster in cats:
         by_cluster.setdefault(str(cluster), []).append(cid or 0)
-    now = utcnow()
     plans = []
     for cluster, ids in sorted(by_cluster.items()):
         row = session.exec(select(WlmCluster).where(WlmCluster.name == cluster)).first()
@@ -496,7 +495,7 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
         ready = [
             n.name for n in rows
             if n.provision_state == State.BOOTED.value and n.inventoried_at is not None and n.facts
-            and (n.lock_owner is None or (n.lock_expires is not None and n.lock_expires <= now))
+            and not node_svc._locked(n)
         ]  # fmt: skip
         members = member_names(session, row) if row is not None else []
         leaving: tuple[str, ...] = ()
