@@ -1,0 +1,420 @@
+"""`bcm backup` and `bcm restore` (#31): a head node's state survives the round trip, on SQLite and PostgreSQL.
+
+A real `bcm serve` is given nodes, a pinned host key, tokens, a BMC password for a real IPMI BMC (ipmi_sim on
+loopback), GPU health history (reports posted with the node's token) and an image; `bcm backup` copies it
+while that server runs; the server stops and its database is lost; `bcm restore` puts everything into an empty
+state directory and an empty database; a new `bcm serve` there answers the same API, the old tokens work, and
+the BMC password still decrypts and still goes only to its own BMC. Then what restore refuses: a damaged or
+altered archive, a newer schema, a non-empty state directory or database, the other database kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from sqlmodel import Session
+
+from bcm.agent.collector import collect
+from bcm.agent.fake_nvml import FakeNvml
+from bcm.db import make_engine
+from bcm.devserver import Server
+from bcm.drivers import imagebuild
+from bcm.lab import bmc
+from bcm.lab.fakegpu import RECORDED_NVML
+from bcm.services import images as image_svc
+from tests.conftest import PG_URL, pg_schema
+
+PASSWORD = "Bmc-pw-bk-31"  # IPMI passwords are at most 16 bytes
+# nothing changes by itself between the snapshots: no health report goes stale, no power poll runs
+QUIET = {"BCM_HEALTH__INTERVAL_S": "3600", "BCM_POWER__POLL_INTERVAL_S": "0"}
+DB_PASSWORD = "Pg-pw-not-on-argv-31"
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def ipmi_bmc(tmp_path: Path) -> Iterator[bmc.BmcSpec]:
+    """A real IPMI BMC (ipmi_sim) on loopback, powering a sleeping process."""
+    if not (shutil.which("ipmi_sim") and shutil.which("ipmitool")):
+        pytest.skip("needs ipmi_sim (openipmi) and ipmitool")
+    spec = bmc.BmcSpec("ipmi", "m-backup", "127.0.0.1", free_udp_port(), "admin", PASSWORD, str(tmp_path / "bmc"))
+    bmc.write_machine(spec, [sys.executable, "-c", "import time; time.sleep(3600)", "machine-{boot}"])
+    proc = bmc.start(spec)
+    try:
+        yield spec
+    finally:
+        bmc.stop(proc.pid, spec.dir)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """None (SQLite in the state directory) or a PostgreSQL URL of a schema of its own, with a password in it
+    (the test database trusts loopback, so it is never checked, only carried)."""
+    if request.param == "sqlite":
+        yield None
+        return
+    with pg_schema() as url:
+        yield url.replace("postgres@", f"postgres:{DB_PASSWORD}@", 1)
+
+
+def api(srv: Server, token: str | None = None) -> httpx.Client:
+    return httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {token or srv.token()}"}, timeout=30)
+
+
+def ok(r: httpx.Response, code: int = 200) -> Any:
+    assert r.status_code == code, r.text
+    return r.json()
+
+
+def wait_op(c: httpx.Client, op_id: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        op = ok(c.get(f"/api/v1/operations/{op_id}"))
+        if op["state"] not in ("pending", "running"):
+            return dict(op)
+        time.sleep(0.2)
+    raise AssertionError(f"operation {op_id} did not finish")
+
+
+def power_status(c: httpx.Client, node: str) -> dict[str, Any]:
+    started = ok(c.post("/api/v1/nodes/actions/power-status", json={"nodes": node}))
+    return dict(wait_op(c, started["operation_id"])["results"][node])
+
+
+def report(host: str) -> bytes:
+    nv = FakeNvml.from_file(RECORDED_NVML / "h100_sxm_565.json")
+    nv.init()
+    try:
+        return json.dumps(collect(nv, None, hostname=host)).encode()
+    finally:
+        nv.shutdown()
+
+
+def post_report(srv: Server, node_token: str, host: str) -> httpx.Response:
+    return httpx.post(
+        f"{srv.url}/boot/v1/agent/report",
+        content=report(host),
+        headers={"Authorization": f"Bearer {node_token}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+
+
+def history(c: httpx.Client, node: str, samples: int) -> dict[str, Any]:
+    """The first GPU's history once it holds ``samples`` readings (reports are written in the background)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        gpus = ok(c.get(f"/api/v1/nodes/{node}/gpus"))
+        if gpus:
+            h = ok(c.get(f"/api/v1/gpus/{gpus[0]['uuid']}/history"))
+            if len(h["samples"]) >= samples:
+                return dict(h)
+        time.sleep(0.2)
+    raise AssertionError(f"{node}: {samples} health samples were not written")
+
+
+def publish_image(url: str, images_dir: Path) -> None:
+    """Version 1 of image ``img`` from three small files, through the images service a build publishes with
+    (an image build itself runs mmdebstrap for minutes: tests/integration/test_image_build.py)."""
+    engine = make_engine(url)
+    try:
+        with Session(engine) as s:
+            image = image_svc.begin_build(s, "img", None, "test")
+            staging = image_svc.staging_dir(images_dir, "img", image.version, 1)
+            staging.mkdir(parents=True)
+            found = []
+            for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+                data = f"{kind} of img".encode()
+                (staging / filename).write_bytes(data)
+                found.append(imagebuild.Artifact(kind, filename, len(data), hashlib.sha256(data).hexdigest()))
+            image_svc.publish(s, image, staging, images_dir, found, {}, 3)
+            s.commit()
+    finally:
+        engine.dispose()
+
+
+def snapshot(c: httpx.Client) -> dict[str, Any]:
+    """What the round trip must keep, as the API shows it."""
+    gpus = ok(c.get("/api/v1/nodes/n1/gpus"))
+    return {
+        "nodes": ok(c.get("/api/v1/nodes")),
+        "n1": ok(c.get("/api/v1/nodes/n1")),
+        "gpus": gpus,
+        "history": ok(c.get(f"/api/v1/gpus/{gpus[0]['uuid']}/history")),
+        "images": ok(c.get("/api/v1/images")),
+        "image": ok(c.get("/api/v1/images/img")),
+        # each use of a token moves its last_used_at; the rest must be as it was
+        "tokens": [{k: v for k, v in t.items() if k != "last_used_at"} for t in ok(c.get("/api/v1/tokens"))],
+        "categories": ok(c.get("/api/v1/categories")),
+    }
+
+
+def wipe_database(url: str | None, state: Path) -> None:
+    """The database is lost: SQLite's file goes with the state directory; PostgreSQL's schema is emptied."""
+    if url is None:
+        return
+    schema = url.rsplit("%3D", 1)[1]
+    engine = create_engine(PG_URL)
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    engine.dispose()
+
+
+def spy_path(tmp_path: Path) -> str:
+    """A PATH whose pg_dump and pg_restore record their argv and whether PGPASSWORD was set, then run the real ones."""
+    bindir = tmp_path / "spy"
+    bindir.mkdir(exist_ok=True)
+    for tool in ("pg_dump", "pg_restore"):
+        real = shutil.which(tool)
+        assert real, f"{tool} is needed for PostgreSQL backups"
+        script = bindir / tool
+        script.write_text(
+            "#!/bin/sh\n"
+            f'printf "%s\\n" "{tool} $*" >> "{tmp_path}/argv.log"\n'
+            f'[ -n "$PGPASSWORD" ] && echo "{tool} has PGPASSWORD" >> "{tmp_path}/argv.log"\n'
+            f'exec "{real}" "$@"\n'
+        )
+        script.chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}"
+
+
+def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
+    tmp_path: Path, db: str | None, ipmi_bmc: bmc.BmcSpec
+) -> None:
+    old = Server(tmp_path / "old" / "state", database_url=db, extra_env=dict(QUIET))
+    old.start()
+    try:
+        c = api(old)
+        ok(c.post("/api/v1/categories", json={"name": "hgx", "description": "HGX H100"}), 201)
+        ok(c.post("/api/v1/nodes", json={"name": "n1", "category": "hgx", "bmc_address": f"127.0.0.1:{ipmi_bmc.port}",
+                                         "bmc_protocol": "ipmi", "bmc_user": "admin"}), 201)  # fmt: skip
+        ok(c.post("/api/v1/nodes/bulk", json={"nodes": "n[2-3]"}), 201)
+        assert old.cli("power", "set", "n1", "--password-stdin", input=PASSWORD + "\n").returncode == 0
+        key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+        ok(c.post("/api/v1/nodes/n1/rekey", json={"ssh_host_key": key}))
+        operator = ok(c.post("/api/v1/tokens", json={"name": "ops", "role": "operator"}), 201)["token"]
+        node_token = ok(c.post("/api/v1/nodes/n1/token"), 201)["token"]
+        for _ in range(2):
+            assert post_report(old, node_token, "n1").status_code == 202
+        history(c, "n1", 2)
+        publish_image(db or f"sqlite:///{old.state_dir / 'bcm.db'}", old.state_dir / "images")
+        assert power_status(c, "n1")["status"] == "ok"
+        before = snapshot(c)
+        admin = old.token()
+
+        archive = tmp_path / "backups" / "head.tar.gz"
+        archive.parent.mkdir()
+        made = old.cli("backup", str(archive), PATH=spy_path(tmp_path))  # while the server runs
+        assert made.returncode == 0, made.stderr
+        assert "wrote" in made.stdout and "1 image version(s) by reference" in made.stdout
+    finally:
+        old.stop()
+    assert stat.S_IMODE(archive.stat().st_mode) == 0o600
+    assert sorted(p.name for p in archive.parent.iterdir()) == ["head.tar.gz"]  # no temporary left beside it
+
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert names[0] == "manifest.json"
+    assert {"state/admin.token", "state/secret.key", "state/ssh/id_ed25519"} <= set(names)
+    assert ("database/bcm.sqlite" if db is None else "database/bcm.pgdump") in names
+    assert not any(n.startswith(("images/", "state/images")) for n in names)  # images by reference
+    assert manifest["images"] == [
+        {"name": "img", "version": "1", "state": "ready", "current": True,
+         "artifacts": [{k: a[k] for k in ("kind", "filename", "size", "sha256")} for a in sorted(
+             before["image"]["artifacts"], key=lambda a: a["filename"])]}
+    ]  # fmt: skip
+    assert manifest["database"] == ("sqlite" if db is None else "postgresql")
+    assert set(manifest["members"]) == set(names) - {"manifest.json"}
+    for secret in (PASSWORD, admin, operator, node_token, DB_PASSWORD):
+        assert all(secret not in n for n in names)
+        assert secret not in made.stdout + made.stderr
+    if db is not None:
+        argv = (tmp_path / "argv.log").read_text()
+        assert "pg_dump has PGPASSWORD" in argv and DB_PASSWORD not in argv
+
+    # the old head and its database are gone; a new one starts from the backup alone
+    wipe_database(db, old.state_dir)
+    shutil.rmtree(old.state_dir)
+    new = Server(tmp_path / "new" / "state", database_url=db, extra_env=dict(QUIET))
+    restored = new.cli("restore", str(archive), "--env-file", str(tmp_path / "bcm.env"), PATH=spy_path(tmp_path))
+    assert restored.returncode == 0, restored.stderr
+    assert "images by reference, files not restored: img:1" in restored.stderr
+    for secret in (PASSWORD, admin, operator, node_token, DB_PASSWORD):
+        assert secret not in restored.stdout + restored.stderr
+    if db is not None:
+        assert DB_PASSWORD not in (tmp_path / "argv.log").read_text()
+    assert stat.S_IMODE((new.state_dir / "secret.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(new.state_dir.stat().st_mode) == 0o700
+
+    # the image's files, by reference: copied from the old head (here: made again, the same bytes)
+    for a in before["image"]["artifacts"]:
+        kind = a["kind"]
+        path = new.state_dir / "images" / "img" / "1" / a["filename"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"{kind} of img".encode())
+    new.start()
+    try:
+        c = api(new, admin)  # the old admin token
+        after = snapshot(c)
+        assert after == before
+        ops = api(new, operator)
+        assert ok(ops.get("/api/v1/nodes/n1"))["name"] == "n1"
+        assert post_report(new, node_token, "n1").status_code == 202  # the node's token
+        assert len(history(c, "n1", 3)["samples"]) == 3
+        # the BMC password decrypts with the restored key and goes to its BMC, through the power path
+        result = power_status(ops, "n1")
+        assert result["status"] == "ok" and result["power"] == "off", result
+        # and only there: pointed at another BMC, it is not sent
+        ok(c.patch("/api/v1/nodes/n1", json={"bmc_address": f"127.0.0.1:{free_udp_port()}"}))
+        refused = power_status(ops, "n1")
+        assert refused["status"] == "no_bmc" and "an admin must set them again" in refused["message"], refused
+    finally:
+        new.stop()
+    assert PASSWORD not in (new.log.read_text() if new.log else "")
+
+
+# ---- what restore refuses ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> tuple[Server, Path]:
+    """A stopped head's state (SQLite) and its backup."""
+    srv = Server(tmp_path / "a" / "state")
+    srv.start()
+    ok(api(srv).post("/api/v1/nodes", json={"name": "n1"}), 201)
+    srv.stop()
+    archive = tmp_path / "a.tar.gz"
+    done = srv.cli("backup", str(archive))
+    assert done.returncode == 0, done.stderr
+    return srv, archive
+
+
+def restore(tmp_path: Path, archive: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    target = Server(tmp_path / "b" / "state", extra_env=env)
+    return target.cli("restore", str(archive), "--env-file", str(tmp_path / "b.env"), *args)
+
+
+def refused(done: subprocess.CompletedProcess[str], words: str) -> None:
+    assert done.returncode == 1, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def rewrite(archive: Path, dest: Path, change: Any) -> Path:
+    """A copy of the archive with ``change(name, data) -> data | None`` applied to each member (None drops it)."""
+    with tarfile.open(archive) as src, tarfile.open(dest, "w:gz") as out:
+        for info in src.getmembers():
+            data = src.extractfile(info).read()  # type: ignore[union-attr]
+            new = change(info.name, data)
+            if new is None:
+                continue
+            info.size = len(new)
+            out.addfile(info, io.BytesIO(new))
+    return dest
+
+
+def test_a_damaged_or_altered_archive_is_refused_and_nothing_is_written(
+    tmp_path: Path, made: tuple[Server, Path]
+) -> None:
+    _srv, archive = made
+
+    def flip_token(name: str, data: bytes) -> bytes:
+        return data.replace(b"bcm_", b"bcx_") if name == "state/admin.token" else data
+
+    def future_schema(name: str, data: bytes) -> bytes:
+        if name != "manifest.json":
+            return data
+        m = json.loads(data)
+        m["schema"] = ["9999_future"]
+        return json.dumps(m).encode()
+
+    def extra_member(name: str, data: bytes) -> bytes:
+        if name != "manifest.json":
+            return data
+        m = json.loads(data)
+        m["members"]["state/evil"] = {"sha256": "0" * 64, "size": 1, "mode": 0o600}
+        return json.dumps(m).encode()
+
+    def escaping(name: str, data: bytes) -> bytes:
+        if name != "manifest.json":
+            return data
+        m = json.loads(data)
+        m["members"]["state/../../etc/x"] = m["members"].pop("state/admin.token")
+        return json.dumps(m).encode()
+
+    cases = [
+        (rewrite(archive, tmp_path / "t1.tar.gz", flip_token), "state/admin.token does not match its checksum"),
+        (rewrite(archive, tmp_path / "t2.tar.gz", future_schema), "schema 9999_future is newer than this bcm"),
+        (rewrite(archive, tmp_path / "t3.tar.gz", extra_member), "state/evil of its manifest is missing"),
+        (rewrite(archive, tmp_path / "t4.tar.gz", escaping), "does not match a bcm backup's"),
+        (rewrite(archive, tmp_path / "t5.tar.gz", lambda n, d: None if n == "state/admin.token" else d),
+         "state/admin.token of its manifest is missing"),
+    ]  # fmt: skip
+    truncated = tmp_path / "t6.tar.gz"
+    truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    cases.append((truncated, "truncated or not a bcm backup"))
+    not_ours = tmp_path / "t7.tar.gz"
+    with tarfile.open(not_ours, "w:gz") as tar:
+        tar.add(__file__, arcname="README")
+    cases.append((not_ours, "is not a bcm backup"))
+    for bad, words in cases:
+        refused(restore(tmp_path, bad), words)
+        state = tmp_path / "b" / "state"
+        assert not state.exists() or not any(state.iterdir()), bad
+    assert restore(tmp_path, archive).returncode == 0  # the original is fine
+
+
+def test_a_non_empty_target_or_the_other_database_kind_is_refused(tmp_path: Path, made: tuple[Server, Path]) -> None:
+    srv, archive = made
+    target = tmp_path / "b" / "state"
+    target.mkdir(parents=True)
+    (target / "note").write_text("something an admin left")
+    refused(restore(tmp_path, archive), "is not empty; restore into an empty one (--force overwrites)")
+    assert sorted(p.name for p in target.iterdir()) == ["note"]
+    # a database with tables, outside the state directory: refused, even into an empty state directory
+    (target / "note").unlink()
+    used = f"sqlite:///{srv.state_dir / 'bcm.db'}"
+    refused(restore(tmp_path, archive, BCM_DATABASE_URL=used), "already holds tables; restore into an empty database")
+    assert not target.exists() or not any(target.iterdir())
+    # a SQLite backup into PostgreSQL: not supported, said so
+    refused(restore(tmp_path, archive, BCM_DATABASE_URL=PG_URL), "restoring across kinds is not supported")
+    # --force restores over a non-empty state directory
+    (target / "note").parent.mkdir(parents=True, exist_ok=True)
+    (target / "note").write_text("x")
+    assert restore(tmp_path, archive, "--force").returncode == 0
+    assert (target / "admin.token").read_text() == (srv.state_dir / "admin.token").read_text()
+
+
+def test_backup_refuses_a_wrong_state_and_keeps_an_existing_archive(tmp_path: Path, made: tuple[Server, Path]) -> None:
+    srv, archive = made
+    before = archive.read_bytes()
+    refused(srv.cli("backup", str(archive)), "exists; --force replaces it")
+    assert archive.read_bytes() == before
+    nowhere = Server(tmp_path / "nowhere")
+    refused(nowhere.cli("backup", str(tmp_path / "x.tar.gz")), "no state directory at")
+    inside = srv.cli("backup", str(srv.state_dir / "b.tar.gz"))
+    refused(inside, "is inside the state directory")
+    assert srv.cli("backup", str(archive), "--force").returncode == 0
