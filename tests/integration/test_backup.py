@@ -1,10 +1,12 @@
 """`bcm backup` and `bcm restore` (#31): a head node's state survives the round trip, on SQLite and PostgreSQL.
 
-A real `bcm serve` is given nodes, a pinned host key, tokens, a BMC password for a real IPMI BMC (ipmi_sim on
-loopback), GPU health history (reports posted with the node's token) and an image; `bcm backup` copies it
-while that server runs; the server stops and its database is lost; `bcm restore` puts everything into an empty
-state directory and an empty database; a new `bcm serve` there answers the same API, the old tokens work, and
-the BMC password still decrypts and still goes only to its own BMC. Then what restore refuses: a damaged or
+A real `bcm serve` is given nodes, a host key pinned by `bcm node trust` against a real sshd on loopback, tokens,
+a BMC password for a real IPMI BMC (ipmi_sim on loopback), GPU health history (reports posted with the node's
+token) and an image; `bcm backup` copies it while that server runs; the server stops and its database is lost;
+`bcm restore` puts everything into an empty state directory and an empty database; a new `bcm serve` there
+answers the same API, the old tokens work, bcm's SSH key still logs in while an impostor sshd with another host
+key on the node's address is refused (the pin held), and the BMC password still decrypts and still goes only
+to its own BMC. Then what restore refuses: a damaged or
 altered archive, a newer schema, a non-empty state directory or database, the other database kind.
 """
 
@@ -65,6 +67,78 @@ def ipmi_bmc(tmp_path: Path) -> Iterator[bmc.BmcSpec]:
         yield spec
     finally:
         bmc.stop(proc.pid, spec.dir)
+
+
+SSHD = Path("/usr/sbin/sshd")
+ROOT_PASSWORD = "bcm-backup-root-pw"  # only valid inside the test sshds' mount namespaces
+
+
+def start_sshd(d: Path, address: str, port: int) -> subprocess.Popen[bytes]:
+    """A real OpenSSH sshd on ``address:port`` with a host key of its own, in its own mount namespace where
+    /root is a temporary home and root's password is ROOT_PASSWORD (as tests/integration/test_ssh_driver.py)."""
+    d.mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_ed25519")], check=True)
+    (d / "home" / ".ssh").mkdir(parents=True, mode=0o700)
+    hashed = subprocess.run(
+        ["openssl", "passwd", "-6", ROOT_PASSWORD], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    shadow = [
+        ":".join([f[0], hashed, *f[2:]]) if f[0] == "root" else ":".join(f)
+        for f in (line.split(":") for line in Path("/etc/shadow").read_text().splitlines())
+    ]
+    (d / "shadow").write_text("\n".join(shadow) + "\n")
+    (d / "shadow").chmod(0o600)
+    (d / "sshd_config").write_text(
+        f"ListenAddress {address}\nPort {port}\nHostKey {d / 'host_ed25519'}\nPidFile none\nUsePAM no\n"
+        "StrictModes no\nPermitRootLogin yes\nPubkeyAuthentication yes\nPasswordAuthentication yes\n"
+        "KbdInteractiveAuthentication no\nAuthorizedKeysFile .ssh/authorized_keys\nUseDNS no\n"
+    )
+    inner = (
+        "mount -t tmpfs tmpfs /run && mkdir -p /run/sshd && "
+        f"mount --bind {d / 'shadow'} /etc/shadow && mount --bind {d / 'home'} /root && "
+        f"exec {SSHD} -D -e -f {d / 'sshd_config'}"
+    )
+    with (d / "sshd.log").open("wb") as log:
+        proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (d / "sshd.log").read_text()
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"sshd did not listen on {address}:{port}")
+
+
+@pytest.fixture
+def sshds(tmp_path: Path) -> Iterator[int]:
+    """The node's sshd on 127.0.0.1 and an impostor with another host key on 127.0.0.2, on the same port."""
+    if os.geteuid() != 0 or not SSHD.exists() or not shutil.which("unshare") or not shutil.which("openssl"):
+        pytest.skip("needs root, /usr/sbin/sshd, unshare and openssl")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    procs = []
+    try:
+        procs.append(start_sshd(tmp_path / "sshd-node", "127.0.0.1", port))
+        procs.append(start_sshd(tmp_path / "sshd-impostor", "127.0.0.2", port))
+        yield port
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def inventory(c: httpx.Client, node: str) -> dict[str, Any]:
+    started = ok(c.post("/api/v1/nodes/actions/inventory", json={"nodes": node}))
+    return dict(wait_op(c, started["operation_id"])["results"][node])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -200,19 +274,24 @@ def spy_path(tmp_path: Path) -> str:
 
 
 def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
-    tmp_path: Path, db: str | None, ipmi_bmc: bmc.BmcSpec
+    tmp_path: Path, db: str | None, ipmi_bmc: bmc.BmcSpec, sshds: int
 ) -> None:
-    old = Server(tmp_path / "old" / "state", database_url=db, extra_env=dict(QUIET))
+    quiet = QUIET | {"BCM_SSH__PORT": str(sshds), "BCM_SSH__RETRIES": "0"}
+    old = Server(tmp_path / "old" / "state", database_url=db, extra_env=quiet)
     old.start()
     try:
         c = api(old)
         ok(c.post("/api/v1/categories", json={"name": "hgx", "description": "HGX H100"}), 201)
-        ok(c.post("/api/v1/nodes", json={"name": "n1", "category": "hgx", "bmc_address": f"127.0.0.1:{ipmi_bmc.port}",
+        ok(c.post("/api/v1/nodes", json={"name": "n1", "category": "hgx", "ip": "127.0.0.1", "bmc_address": f"127.0.0.1:{ipmi_bmc.port}",
                                          "bmc_protocol": "ipmi", "bmc_user": "admin"}), 201)  # fmt: skip
         ok(c.post("/api/v1/nodes/bulk", json={"nodes": "n[2-3]"}), 201)
         assert old.cli("power", "set", "n1", "--password-stdin", input=PASSWORD + "\n").returncode == 0
+        # the node trusts bcm's SSH key (a root password, once) and bcm pins the node's host key
+        trusted = old.cli("node", "trust", "n1", "--password-stdin", input=ROOT_PASSWORD + "\n")
+        assert trusted.returncode == 0, trusted.stdout + trusted.stderr
+        assert inventory(c, "n1")["status"] == "ok"
         key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
-        ok(c.post("/api/v1/nodes/n1/rekey", json={"ssh_host_key": key}))
+        ok(c.post("/api/v1/nodes/n2/rekey", json={"ssh_host_key": key}))  # a pin set by an admin
         operator = ok(c.post("/api/v1/tokens", json={"name": "ops", "role": "operator"}), 201)["token"]
         node_token = ok(c.post("/api/v1/nodes/n1/token"), 201)["token"]
         for _ in range(2):
@@ -257,7 +336,7 @@ def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
     # the old head and its database are gone; a new one starts from the backup alone
     wipe_database(db, old.state_dir)
     shutil.rmtree(old.state_dir)
-    new = Server(tmp_path / "new" / "state", database_url=db, extra_env=dict(QUIET))
+    new = Server(tmp_path / "new" / "state", database_url=db, extra_env=quiet)
     restored = new.cli("restore", str(archive), "--env-file", str(tmp_path / "bcm.env"), PATH=spy_path(tmp_path))
     assert restored.returncode == 0, restored.stderr
     assert "images by reference, files not restored: img:1" in restored.stderr
@@ -283,6 +362,11 @@ def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
         assert ok(ops.get("/api/v1/nodes/n1"))["name"] == "n1"
         assert post_report(new, node_token, "n1").status_code == 202  # the node's token
         assert len(history(c, "n1", 3)["samples"]) == 3
+        # bcm's SSH key and the node's pinned host key came back: the node answers, an impostor is refused
+        assert inventory(ops, "n1")["status"] == "ok"
+        impostor = [{"name": "eth0", "ip": "127.0.0.2", "boot": True}]
+        ok(c.patch("/api/v1/nodes/n1", json={"interfaces": impostor}))
+        assert inventory(ops, "n1")["status"] == "host_key_changed"
         # the BMC password decrypts with the restored key and goes to its BMC, through the power path
         result = power_status(ops, "n1")
         assert result["status"] == "ok" and result["power"] == "off", result
