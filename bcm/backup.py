@@ -109,8 +109,8 @@ def pg_target(url: str) -> PgTarget:
         ("sslrootcert", "PGSSLROOTCERT"),
         ("sslcert", "PGSSLCERT"),
         ("sslkey", "PGSSLKEY"),
-        ("host", "PGHOST"),
         ("port", "PGPORT"),
+        ("target_session_attrs", "PGTARGETSESSIONATTRS"),
         ("options", "PGOPTIONS"),
         ("application_name", "PGAPPNAME"),
         ("passfile", "PGPASSFILE"),
@@ -118,6 +118,14 @@ def pg_target(url: str) -> PgTarget:
     ):
         if key in query:
             env[var] = unquote(query[key])
+    hosts = u.query.get("host")
+    if hosts:  # host=db1:5432&host=db2:5432 (several servers, the URL bcm's HA section shows): libpq's lists
+        pairs = [
+            h.rsplit(":", 1) if ":" in h else [h, ""] for h in ([hosts] if isinstance(hosts, str) else hosts)
+        ]
+        env["PGHOST"] = ",".join(unquote(h) for h, _ in pairs)
+        if any(p for _, p in pairs):
+            env["PGPORT"] = ",".join(p or str(u.port or 5432) for _, p in pairs)
     options = env.get("PGOPTIONS", "")
     for word in options.replace("-c ", "-c").split():
         if word.startswith("-csearch_path="):
@@ -531,9 +539,13 @@ def restore(
     force: bool = False,
     env_file: Path = DEFAULT_ENV_FILE,
     timeout_s: float = 3600,
+    secrets_only: bool = False,
     say: Say = lambda _line: None,
 ) -> Restored:
-    """Put the archive's state and database back; refuse anything that does not match, in one line."""
+    """Put the archive's state and database back; refuse anything that does not match, in one line.
+
+    ``secrets_only``: the state directory's files alone (a second head on the same database), no database,
+    no images, no settings."""
     if not archive.is_file():
         raise BackupError(f"no backup at {archive}")
     manifest = read_manifest(archive)
@@ -547,7 +559,7 @@ def restore(
     url = settings.effective_database_url
     db_file = sqlite_path(url)
     kind = "sqlite" if db_file is not None else "postgresql"
-    if manifest["database"] != kind:
+    if manifest["database"] != kind and not secrets_only:
         raise BackupError(
             f"the backup holds a {manifest['database']} database and BCM_DATABASE_URL is {kind}: restoring across"
             " kinds is not supported; restore into the same kind, then move the data yourself"
@@ -556,13 +568,15 @@ def restore(
         raise BackupError(
             f"the state directory {state_dir} is not empty; restore into an empty one (--force overwrites)"
         )
-    if db_file is not None:
+    pg = None
+    if secrets_only:
+        pass
+    elif db_file is not None:
         running = _server_running(db_file)
         if running:
             raise BackupError(f"bcm serve ({running}) is using {db_file}; stop it before restoring")
         if db_file.exists() and not force and _tables(f"sqlite:///{db_file}"):
             raise BackupError(f"the database {db_file} already holds tables; restore into an empty database")
-        pg = None
     else:
         pg = pg_target(url)
         if (manifest.get("pg_schema") or None) != pg.schema:
@@ -581,10 +595,14 @@ def restore(
     os.chmod(state_dir, 0o700)
     staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=state_dir))
     try:
-        _extract(archive, manifest, staging)
+        _extract(
+            archive, manifest, staging, keep=(lambda n: n.startswith("state/")) if secrets_only else None
+        )
         say(f"archive checked: {len(manifest['members'])} members match the manifest")
         notes: list[str] = []
-        if db_file is not None:
+        if secrets_only:
+            database = "not restored (--secrets-only)"
+        elif db_file is not None:
             db_file.parent.mkdir(parents=True, exist_ok=True)
             for suffix in ("-wal", "-shm", "-journal"):
                 db_file.with_name(db_file.name + suffix).unlink(missing_ok=True)
@@ -600,13 +618,13 @@ def restore(
             top, _, rel = name.partition("/")
             if top == "state":
                 dest = state_dir / rel
-            elif top == "images":
+            elif top == "images" and not secrets_only:
                 dest = settings.images_dir / rel
             else:
                 continue
             _place(staging / name, dest, state_dir, meta["mode"])
             files += 1
-        if ENV_MEMBER in manifest["members"]:
+        if ENV_MEMBER in manifest["members"] and not secrets_only:
             notes.append(_restore_env(staging / ENV_MEMBER, env_file))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -615,7 +633,7 @@ def restore(
         raise
     shutil.rmtree(staging, ignore_errors=True)
     missing = []
-    for img in manifest.get("images") or []:
+    for img in [] if secrets_only else manifest.get("images") or []:
         vdir = settings.images_dir / img["name"] / img["version"]
         if img.get("state") == "ready" and any(
             not (vdir / a["filename"]).is_file() for a in img["artifacts"]
@@ -624,8 +642,11 @@ def restore(
     return Restored(manifest, files, database, missing, notes)
 
 
-def _extract(archive: Path, manifest: dict[str, Any], staging: Path) -> None:
-    """Every member into ``staging``, each checked against the manifest's size and sha256 as it streams."""
+def _extract(
+    archive: Path, manifest: dict[str, Any], staging: Path, keep: Callable[[str], bool] | None = None
+) -> None:
+    """Every member (those ``keep`` names) into ``staging``, each checked against the manifest's size and
+    sha256 as it streams; the others are checked too, and not written."""
     expected: dict[str, dict[str, Any]] = manifest["members"]
     seen: set[str] = set()
     damaged = "the archive is damaged or was altered"
@@ -643,11 +664,14 @@ def _extract(archive: Path, manifest: dict[str, Any], staging: Path) -> None:
                     )
                 seen.add(info.name)
                 dest = staging / info.name
-                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 h = hashlib.sha256()
                 src = tar.extractfile(info)
                 assert src is not None
-                fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                if keep is None or keep(info.name):
+                    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                else:
+                    fd = os.open(os.devnull, os.O_WRONLY)
                 with os.fdopen(fd, "wb") as out:
                     while chunk := src.read(CHUNK):
                         h.update(chunk)

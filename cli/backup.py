@@ -72,12 +72,28 @@ def restore(
         Path, typer.Option(help="where the backup's settings file goes (kept if it exists and differs)")
     ] = Path("/etc/bcm/bcm.env"),
     timeout: Annotated[float, typer.Option(help="seconds pg_restore may take", min=1, max=86400)] = 3600,
+    secrets_only: Annotated[
+        bool,
+        typer.Option(
+            "--secrets-only",
+            help="only the state directory's files (secret.key, ssh/, wlm/, admin.token): a second head on the"
+            " same database",
+        ),
+    ] = False,
 ) -> None:
     """Restore a backup into an empty state directory and an empty database (BCM_STATE_DIR,
     BCM_DATABASE_URL), then start `bcm serve` (it upgrades an older schema)."""
     from bcm.backup import restore as run
 
-    done = run(_settings(), file, force=force, env_file=env_file, timeout_s=timeout, say=_say)
+    done = run(
+        _settings(),
+        file,
+        force=force,
+        env_file=env_file,
+        timeout_s=timeout,
+        secrets_only=secrets_only,
+        say=_say,
+    )
     m = done.manifest
     out.print(
         f"restored {file} (bcm {m.get('bcm_version')}, {m.get('created_at')}): database {done.database},"

@@ -502,3 +502,47 @@ def test_backup_refuses_a_wrong_state_and_keeps_an_existing_archive(tmp_path: Pa
     inside = srv.cli("backup", str(srv.state_dir / "b.tar.gz"))
     refused(inside, "is inside the state directory")
     assert srv.cli("backup", str(archive), "--force").returncode == 0
+
+
+def test_images_and_settings_come_back_with_images_and_env_file(tmp_path: Path, made: tuple[Server, Path]) -> None:
+    srv, _ = made
+    publish_image(f"sqlite:///{srv.state_dir / 'bcm.db'}", srv.state_dir / "images")
+    env = tmp_path / "bcm.env"
+    env.write_text("BCM_HOST=0.0.0.0\n")
+    archive = tmp_path / "with-images.tar.gz"
+    done = srv.cli("backup", str(archive), "--images", "--env-file", str(env))
+    assert done.returncode == 0, done.stderr
+    assert "1 image version(s) with their files" in done.stdout
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"images/img/1/vmlinuz", "images/img/1/initramfs.img", "images/img/1/rootfs.squashfs",
+            "settings/bcm.env"} <= names  # fmt: skip
+
+    target = tmp_path / "b" / "state"
+    restored = restore(tmp_path, archive)
+    assert restored.returncode == 0, restored.stderr
+    assert "images by reference" not in restored.stderr and "settings: wrote" in restored.stderr
+    for f in ("vmlinuz", "initramfs.img", "rootfs.squashfs"):
+        assert (target / "images/img/1" / f).read_bytes() == (srv.state_dir / "images/img/1" / f).read_bytes()
+    assert (tmp_path / "b.env").read_text() == "BCM_HOST=0.0.0.0\n"
+    assert stat.S_IMODE((tmp_path / "b.env").stat().st_mode) == 0o600
+    # an admin's settings file that differs is kept; the backup's goes beside it
+    shutil.rmtree(target)
+    (tmp_path / "b.env").write_text("BCM_HOST=198.18.0.1\n")
+    restored = restore(tmp_path, archive)
+    assert restored.returncode == 0, restored.stderr
+    assert (tmp_path / "b.env").read_text() == "BCM_HOST=198.18.0.1\n"
+    assert (tmp_path / "b.env.restored").read_text() == "BCM_HOST=0.0.0.0\n"
+
+
+def test_secrets_only_gives_a_second_head_the_state_directory_alone(tmp_path: Path, made: tuple[Server, Path]) -> None:
+    srv, archive = made
+    target = tmp_path / "b" / "state"
+    # the database is the first head's, in use (and of another kind than the backup's: nothing goes there)
+    done = restore(tmp_path, archive, "--secrets-only", BCM_DATABASE_URL=PG_URL)
+    assert done.returncode == 0, done.stderr
+    assert "database not restored (--secrets-only)" in done.stdout
+    for f in ("admin.token", "ssh/id_ed25519", "ssh/id_ed25519.pub"):
+        assert (target / f).read_bytes() == (srv.state_dir / f).read_bytes()
+    assert not (target / "bcm.db").exists() and not any(p.name.startswith(".restore-") for p in target.iterdir())
+    assert stat.S_IMODE((target / "ssh/id_ed25519").stat().st_mode) == 0o600
