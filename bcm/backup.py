@@ -163,32 +163,36 @@ def _engine(url: str) -> Any:
     return create_engine(url, poolclass=NullPool, connect_args=args)
 
 
+@contextlib.contextmanager
+def _connected(url: str, what: str, label: str | None = None) -> Iterator[Any]:
+    """A connection to ``url``; a database error becomes one line naming the database (without its password)."""
+    from sqlalchemy import exc as sa_exc
+
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    except sa_exc.DBAPIError as exc:
+        first = (str(exc.orig).strip().splitlines() or ["?"])[0]
+        raise BackupError(f"cannot {what} in the database {label or _shown(url)}: {first}") from None
+    finally:
+        engine.dispose()
+
+
 def _tables(url: str) -> list[str]:
     """The tables the URL's schema holds (the default schema: the search_path's first, or public)."""
-    from sqlalchemy import exc as sa_exc
     from sqlalchemy import inspect
 
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            return sorted(inspect(conn).get_table_names())
-    except sa_exc.OperationalError as exc:
-        raise BackupError(
-            f"cannot reach the database {_shown(url)}: {str(exc.orig).strip().splitlines()[0]}"
-        ) from None
-    finally:
-        engine.dispose()
+    with _connected(url, "list the tables") as conn:
+        return sorted(inspect(conn).get_table_names())
 
 
-def _revision(url: str) -> list[str]:
+def _revision(url: str, label: str | None = None) -> list[str]:
+    """The schema revision (Alembic's); a database bcm never started on has none."""
     from sqlalchemy import text
 
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            return sorted(r[0] for r in conn.execute(text("SELECT version_num FROM alembic_version")))
-    finally:
-        engine.dispose()
+    with _connected(url, "read the schema revision (has bcm serve ever started on it?)", label) as conn:
+        return sorted(r[0] for r in conn.execute(text("SELECT version_num FROM alembic_version")))
 
 
 def _shown(url: str) -> str:
@@ -257,21 +261,17 @@ def _image_rows(url: str) -> list[dict[str, Any]]:
     """Every image version the database names, with its artifacts' hashes (the images' manifest)."""
     from sqlalchemy import text
 
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            versions = conn.execute(
-                text("SELECT id, name, version, state, is_current FROM image ORDER BY name, id")
+    with _connected(url, "list the images") as conn:
+        versions = conn.execute(
+            text("SELECT id, name, version, state, is_current FROM image ORDER BY name, id")
+        )
+        rows = [dict(r._mapping) for r in versions]
+        arts = conn.execute(text("SELECT image_id, kind, filename, size, sha256 FROM imageartifact"))
+        by_image: dict[int, list[dict[str, Any]]] = {}
+        for a in arts:
+            by_image.setdefault(a.image_id, []).append(
+                {"kind": a.kind, "filename": a.filename, "size": a.size, "sha256": a.sha256}
             )
-            rows = [dict(r._mapping) for r in versions]
-            arts = conn.execute(text("SELECT image_id, kind, filename, size, sha256 FROM imageartifact"))
-            by_image: dict[int, list[dict[str, Any]]] = {}
-            for a in arts:
-                by_image.setdefault(a.image_id, []).append(
-                    {"kind": a.kind, "filename": a.filename, "size": a.size, "sha256": a.sha256}
-                )
-    finally:
-        engine.dispose()
     return [
         {
             "name": r["name"],
@@ -315,7 +315,7 @@ def create(
         if db_file is not None:
             copy = work / "bcm.sqlite"
             _sqlite_backup(db_file, copy)
-            schema = _revision(f"sqlite:///{copy}")
+            schema = _revision(f"sqlite:///{copy}", str(db_file))
             plan.members.append(Member(SQLITE_MEMBER, copy))
             kind, pg_schema = "sqlite", None
             image_url = f"sqlite:///{copy}"
@@ -593,6 +593,16 @@ def restore(
     created = not state_dir.exists()
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
+    need = sum(
+        m["size"] for name, m in manifest["members"].items() if not secrets_only or name.startswith("state/")
+    )
+    free = shutil.disk_usage(state_dir).free
+    if need > free:
+        if created:
+            state_dir.rmdir()
+        raise BackupError(
+            f"the backup needs {need / 1e6:.0f} MB and {state_dir} has {free / 1e6:.0f} MB free"
+        )
     staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=state_dir))
     try:
         _extract(

@@ -501,6 +501,15 @@ def test_backup_refuses_a_wrong_state_and_keeps_an_existing_archive(tmp_path: Pa
     refused(nowhere.cli("backup", str(tmp_path / "x.tar.gz")), "no state directory at")
     inside = srv.cli("backup", str(srv.state_dir / "b.tar.gz"))
     refused(inside, "is inside the state directory")
+    never = Server(tmp_path / "never")
+    never.state_dir.mkdir()
+    (never.state_dir / "bcm.db").touch()
+    refused(never.cli("backup", str(tmp_path / "x.tar.gz")), "has bcm serve ever started on it?")
+    down = never.cli("backup", str(tmp_path / "x.tar.gz"),
+                     BCM_DATABASE_URL=f"postgresql+psycopg://bcm:{DB_PASSWORD}@127.0.0.1:1/bcm")  # fmt: skip
+    refused(down, "in the database postgresql+psycopg://bcm:***@127.0.0.1:1/bcm: connection failed")
+    assert DB_PASSWORD not in down.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if "x.tar" in p.name or p.name.startswith(".")) == []
     assert srv.cli("backup", str(archive), "--force").returncode == 0
 
 
