@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from bcm import __version__
 from bcm.errors import BcmError
@@ -377,7 +377,7 @@ def _sqlite_backup(src: Path, dst: Path) -> None:
     """SQLite's online backup: a consistent copy while bcm serve may be writing (pages copied in steps)."""
     os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o600))
     try:
-        source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
+        source = sqlite3.connect(f"file:{quote(str(src))}?mode=ro", uri=True, timeout=30)
     except sqlite3.Error as exc:
         raise BackupError(f"cannot open the database {src}: {exc}") from None
     target = sqlite3.connect(dst)
