@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -555,3 +556,44 @@ def test_secrets_only_gives_a_second_head_the_state_directory_alone(tmp_path: Pa
         assert (target / f).read_bytes() == (srv.state_dir / f).read_bytes()
     assert not (target / "bcm.db").exists() and not any(p.name.startswith(".restore-") for p in target.iterdir())
     assert stat.S_IMODE((target / "ssh/id_ed25519").stat().st_mode) == 0o600
+
+
+def test_a_backup_while_bcm_serve_writes_is_one_consistent_snapshot(tmp_path: Path) -> None:
+    """Nodes are added one after another while the backup runs: the copy holds every node added before it
+    started and, of the later ones, an unbroken run from the first (a snapshot, not a torn file)."""
+    import threading
+
+    srv = Server(tmp_path / "a" / "state", extra_env=dict(QUIET))
+    srv.start()
+    added: list[int] = []
+    stop = threading.Event()
+
+    def add_nodes() -> None:
+        with api(srv) as c:
+            i = 0
+            while not stop.is_set() and i < 2000:
+                i += 1
+                ok(c.post("/api/v1/nodes", json={"name": f"w{i:04d}"}), 201)
+                added.append(i)
+
+    writer = threading.Thread(target=add_nodes)
+    writer.start()
+    try:
+        while len(added) < 20:
+            time.sleep(0.05)
+        before = len(added)
+        done = srv.cli("backup", str(tmp_path / "live.tar.gz"))
+        assert done.returncode == 0, done.stderr
+    finally:
+        stop.set()
+        writer.join(60)
+        srv.stop()
+    assert restore(tmp_path, tmp_path / "live.tar.gz").returncode == 0
+    conn = sqlite3.connect(tmp_path / "b" / "state" / "bcm.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        names = sorted(r[0] for r in conn.execute("SELECT name FROM node WHERE name LIKE 'w%'"))
+    finally:
+        conn.close()
+    assert names == [f"w{i:04d}" for i in range(1, len(names) + 1)]
+    assert before <= len(names) <= len(added)
