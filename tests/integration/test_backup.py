@@ -61,7 +61,9 @@ def ipmi_bmc(tmp_path: Path) -> Iterator[bmc.BmcSpec]:
     """A real IPMI BMC (ipmi_sim) on loopback, powering a sleeping process."""
     if not (shutil.which("ipmi_sim") and shutil.which("ipmitool")):
         pytest.skip("needs ipmi_sim (openipmi) and ipmitool")
-    spec = bmc.BmcSpec("ipmi", "m-backup", "127.0.0.1", free_udp_port(), "admin", PASSWORD, str(tmp_path / "bmc"))
+    spec = bmc.BmcSpec(
+        "ipmi", "m-backup", "127.0.0.1", free_udp_port(), "admin", PASSWORD, str(tmp_path / "bmc")
+    )
     bmc.write_machine(spec, [sys.executable, "-c", "import time; time.sleep(3600)", "machine-{boot}"])
     proc = bmc.start(spec)
     try:
@@ -100,8 +102,11 @@ def start_sshd(d: Path, address: str, port: int) -> subprocess.Popen[bytes]:
         f"exec {SSHD} -D -e -f {d / 'sshd_config'}"
     )
     with (d / "sshd.log").open("wb") as log:
-        proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         assert proc.poll() is None, (d / "sshd.log").read_text()
@@ -154,7 +159,9 @@ def db(request: pytest.FixtureRequest) -> Iterator[str | None]:
 
 
 def api(srv: Server, token: str | None = None) -> httpx.Client:
-    return httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {token or srv.token()}"}, timeout=30)
+    return httpx.Client(
+        base_url=srv.url, headers={"Authorization": f"Bearer {token or srv.token()}"}, timeout=30
+    )
 
 
 def ok(r: httpx.Response, code: int = 200) -> Any:
@@ -218,7 +225,11 @@ def publish_image(url: str, images_dir: Path) -> None:
             staging = image_svc.staging_dir(images_dir, "img", image.version, 1)
             staging.mkdir(parents=True)
             found = []
-            for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+            for kind, filename in (
+                ("kernel", "vmlinuz"),
+                ("initramfs", "initramfs.img"),
+                ("rootfs", "rootfs.squashfs"),
+            ):
                 data = f"{kind} of img".encode()
                 (staging / filename).write_bytes(data)
                 found.append(imagebuild.Artifact(kind, filename, len(data), hashlib.sha256(data).hexdigest()))
@@ -283,8 +294,20 @@ def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
     try:
         c = api(old)
         ok(c.post("/api/v1/categories", json={"name": "hgx", "description": "HGX H100"}), 201)
-        ok(c.post("/api/v1/nodes", json={"name": "n1", "category": "hgx", "ip": "127.0.0.1", "bmc_address": f"127.0.0.1:{ipmi_bmc.port}",
-                                         "bmc_protocol": "ipmi", "bmc_user": "admin"}), 201)  # fmt: skip
+        ok(
+            c.post(
+                "/api/v1/nodes",
+                json={
+                    "name": "n1",
+                    "category": "hgx",
+                    "ip": "127.0.0.1",
+                    "bmc_address": f"127.0.0.1:{ipmi_bmc.port}",
+                    "bmc_protocol": "ipmi",
+                    "bmc_user": "admin",
+                },
+            ),
+            201,
+        )
         ok(c.post("/api/v1/nodes/bulk", json={"nodes": "n[2-3]"}), 201)
         assert old.cli("power", "set", "n1", "--password-stdin", input=PASSWORD + "\n").returncode == 0
         # the node trusts bcm's SSH key (a root password, once) and bcm pins the node's host key
@@ -321,10 +344,17 @@ def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
     assert ("database/bcm.sqlite" if db is None else "database/bcm.pgdump") in names
     assert not any(n.startswith(("images/", "state/images")) for n in names)  # images by reference
     assert manifest["images"] == [
-        {"name": "img", "version": "1", "state": "ready", "current": True,
-         "artifacts": [{k: a[k] for k in ("kind", "filename", "size", "sha256")} for a in sorted(
-             before["image"]["artifacts"], key=lambda a: a["filename"])]}
-    ]  # fmt: skip
+        {
+            "name": "img",
+            "version": "1",
+            "state": "ready",
+            "current": True,
+            "artifacts": [
+                {k: a[k] for k in ("kind", "filename", "size", "sha256")}
+                for a in sorted(before["image"]["artifacts"], key=lambda a: a["filename"])
+            ],
+        }
+    ]
     assert manifest["database"] == ("sqlite" if db is None else "postgresql")
     assert set(manifest["members"]) == set(names) - {"manifest.json"}
     for secret in (PASSWORD, admin, operator, node_token, DB_PASSWORD):
@@ -338,7 +368,9 @@ def test_round_trip_keeps_the_api_tokens_pins_and_bmc_passwords(
     wipe_database(db, old.state_dir)
     shutil.rmtree(old.state_dir)
     new = Server(tmp_path / "new" / "state", database_url=db, extra_env=quiet)
-    restored = new.cli("restore", str(archive), "--env-file", str(tmp_path / "bcm.env"), PATH=spy_path(tmp_path))
+    restored = new.cli(
+        "restore", str(archive), "--env-file", str(tmp_path / "bcm.env"), PATH=spy_path(tmp_path)
+    )
     assert restored.returncode == 0, restored.stderr
     assert "images by reference, files not restored: img:1" in restored.stderr
     for secret in (PASSWORD, admin, operator, node_token, DB_PASSWORD):
@@ -451,13 +483,21 @@ def test_a_damaged_or_altered_archive_is_refused_and_nothing_is_written(
         return json.dumps(m).encode()
 
     cases = [
-        (rewrite(archive, tmp_path / "t1.tar.gz", flip_token), "state/admin.token does not match its checksum"),
-        (rewrite(archive, tmp_path / "t2.tar.gz", future_schema), "schema 9999_future is newer than this bcm"),
+        (
+            rewrite(archive, tmp_path / "t1.tar.gz", flip_token),
+            "state/admin.token does not match its checksum",
+        ),
+        (
+            rewrite(archive, tmp_path / "t2.tar.gz", future_schema),
+            "schema 9999_future is newer than this bcm",
+        ),
         (rewrite(archive, tmp_path / "t3.tar.gz", extra_member), "state/evil of its manifest is missing"),
         (rewrite(archive, tmp_path / "t4.tar.gz", escaping), "does not match a bcm backup's"),
-        (rewrite(archive, tmp_path / "t5.tar.gz", lambda n, d: None if n == "state/admin.token" else d),
-         "state/admin.token of its manifest is missing"),
-    ]  # fmt: skip
+        (
+            rewrite(archive, tmp_path / "t5.tar.gz", lambda n, d: None if n == "state/admin.token" else d),
+            "state/admin.token of its manifest is missing",
+        ),
+    ]
     truncated = tmp_path / "t6.tar.gz"
     truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     cases.append((truncated, "truncated or not a bcm backup"))
@@ -472,7 +512,9 @@ def test_a_damaged_or_altered_archive_is_refused_and_nothing_is_written(
     assert restore(tmp_path, archive).returncode == 0  # the original is fine
 
 
-def test_a_non_empty_target_or_the_other_database_kind_is_refused(tmp_path: Path, made: tuple[Server, Path]) -> None:
+def test_a_non_empty_target_or_the_other_database_kind_is_refused(
+    tmp_path: Path, made: tuple[Server, Path]
+) -> None:
     srv, archive = made
     target = tmp_path / "b" / "state"
     target.mkdir(parents=True)
@@ -482,7 +524,10 @@ def test_a_non_empty_target_or_the_other_database_kind_is_refused(tmp_path: Path
     # a database with tables, outside the state directory: refused, even into an empty state directory
     (target / "note").unlink()
     used = f"sqlite:///{srv.state_dir / 'bcm.db'}"
-    refused(restore(tmp_path, archive, BCM_DATABASE_URL=used), "already holds tables; restore into an empty database")
+    refused(
+        restore(tmp_path, archive, BCM_DATABASE_URL=used),
+        "already holds tables; restore into an empty database",
+    )
     assert not target.exists() or not any(target.iterdir())
     # a SQLite backup into PostgreSQL: not supported, said so
     refused(restore(tmp_path, archive, BCM_DATABASE_URL=PG_URL), "restoring across kinds is not supported")
@@ -493,7 +538,9 @@ def test_a_non_empty_target_or_the_other_database_kind_is_refused(tmp_path: Path
     assert (target / "admin.token").read_text() == (srv.state_dir / "admin.token").read_text()
 
 
-def test_backup_refuses_a_wrong_state_and_keeps_an_existing_archive(tmp_path: Path, made: tuple[Server, Path]) -> None:
+def test_backup_refuses_a_wrong_state_and_keeps_an_existing_archive(
+    tmp_path: Path, made: tuple[Server, Path]
+) -> None:
     srv, archive = made
     before = archive.read_bytes()
     refused(srv.cli("backup", str(archive)), "exists; --force replaces it")
@@ -506,15 +553,20 @@ def test_backup_refuses_a_wrong_state_and_keeps_an_existing_archive(tmp_path: Pa
     never.state_dir.mkdir()
     (never.state_dir / "bcm.db").touch()
     refused(never.cli("backup", str(tmp_path / "x.tar.gz")), "has bcm serve ever started on it?")
-    down = never.cli("backup", str(tmp_path / "x.tar.gz"),
-                     BCM_DATABASE_URL=f"postgresql+psycopg://bcm:{DB_PASSWORD}@127.0.0.1:1/bcm")  # fmt: skip
+    down = never.cli(
+        "backup",
+        str(tmp_path / "x.tar.gz"),
+        BCM_DATABASE_URL=f"postgresql+psycopg://bcm:{DB_PASSWORD}@127.0.0.1:1/bcm",
+    )
     refused(down, "in the database postgresql+psycopg://bcm:***@127.0.0.1:1/bcm: connection failed")
     assert DB_PASSWORD not in down.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if "x.tar" in p.name or p.name.startswith(".")) == []
     assert srv.cli("backup", str(archive), "--force").returncode == 0
 
 
-def test_images_and_settings_come_back_with_images_and_env_file(tmp_path: Path, made: tuple[Server, Path]) -> None:
+def test_images_and_settings_come_back_with_images_and_env_file(
+    tmp_path: Path, made: tuple[Server, Path]
+) -> None:
     srv, _ = made
     publish_image(f"sqlite:///{srv.state_dir / 'bcm.db'}", srv.state_dir / "images")
     env = tmp_path / "bcm.env"
@@ -525,8 +577,12 @@ def test_images_and_settings_come_back_with_images_and_env_file(tmp_path: Path, 
     assert "1 image version(s) with their files" in done.stdout
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
-    assert {"images/img/1/vmlinuz", "images/img/1/initramfs.img", "images/img/1/rootfs.squashfs",
-            "settings/bcm.env"} <= names  # fmt: skip
+    assert {
+        "images/img/1/vmlinuz",
+        "images/img/1/initramfs.img",
+        "images/img/1/rootfs.squashfs",
+        "settings/bcm.env",
+    } <= names
 
     target = tmp_path / "b" / "state"
     restored = restore(tmp_path, archive)
@@ -545,7 +601,9 @@ def test_images_and_settings_come_back_with_images_and_env_file(tmp_path: Path, 
     assert (tmp_path / "b.env.restored").read_text() == "BCM_HOST=0.0.0.0\n"
 
 
-def test_secrets_only_gives_a_second_head_the_state_directory_alone(tmp_path: Path, made: tuple[Server, Path]) -> None:
+def test_secrets_only_gives_a_second_head_the_state_directory_alone(
+    tmp_path: Path, made: tuple[Server, Path]
+) -> None:
     srv, archive = made
     target = tmp_path / "b" / "state"
     # the database is the first head's, in use (and of another kind than the backup's: nothing goes there)
@@ -554,7 +612,9 @@ def test_secrets_only_gives_a_second_head_the_state_directory_alone(tmp_path: Pa
     assert "database not restored (--secrets-only)" in done.stdout
     for f in ("admin.token", "ssh/id_ed25519", "ssh/id_ed25519.pub"):
         assert (target / f).read_bytes() == (srv.state_dir / f).read_bytes()
-    assert not (target / "bcm.db").exists() and not any(p.name.startswith(".restore-") for p in target.iterdir())
+    assert not (target / "bcm.db").exists() and not any(
+        p.name.startswith(".restore-") for p in target.iterdir()
+    )
     assert stat.S_IMODE((target / "ssh/id_ed25519").stat().st_mode) == 0o600
 
 

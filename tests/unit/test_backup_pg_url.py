@@ -8,8 +8,15 @@ from bcm.backup import pg_target
 
 def test_a_plain_url_becomes_libpq_variables() -> None:
     t = pg_target("postgresql+psycopg://bcm:s3cr%40t@db.example:6432/bcm?sslmode=verify-full")
-    assert t.env == {"PGCONNECT_TIMEOUT": "10", "PGHOST": "db.example", "PGPORT": "6432", "PGUSER": "bcm",
-                     "PGPASSWORD": "s3cr@t", "PGDATABASE": "bcm", "PGSSLMODE": "verify-full"}  # fmt: skip
+    assert t.env == {
+        "PGCONNECT_TIMEOUT": "10",
+        "PGHOST": "db.example",
+        "PGPORT": "6432",
+        "PGUSER": "bcm",
+        "PGPASSWORD": "s3cr@t",
+        "PGDATABASE": "bcm",
+        "PGSSLMODE": "verify-full",
+    }
     assert t.schema is None and "s3cr" not in t.display
 
 
