@@ -657,3 +657,46 @@ def test_a_backup_while_bcm_serve_writes_is_one_consistent_snapshot(tmp_path: Pa
         conn.close()
     assert names == [f"w{i:04d}" for i in range(1, len(names) + 1)]
     assert before <= len(names) <= len(added)
+
+
+def test_an_older_schema_is_restored_and_bcm_serve_upgrades_it(tmp_path: Path) -> None:
+    """A backup made by an earlier bcm (its database at an earlier revision) restores; the next start migrates."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    from bcm.db import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    head = script.get_current_head()
+    older = script.get_revision(head).down_revision  # type: ignore[union-attr]
+    assert isinstance(older, str)
+    old = Server(tmp_path / "a" / "state")
+    old.state_dir.mkdir(parents=True)
+    db_url = f"sqlite:///{old.state_dir / 'bcm.db'}"
+    command.upgrade(alembic_config(db_url), older)
+    done = old.cli("backup", str(tmp_path / "older.tar.gz"))
+    assert done.returncode == 0, done.stderr
+    assert f"schema {older}," in done.stdout
+    assert restore(tmp_path, tmp_path / "older.tar.gz").returncode == 0
+    new = Server(tmp_path / "b" / "state")
+    new.start()
+    try:
+        assert ok(api(new).get("/api/v1/nodes"))["total"] == 0
+    finally:
+        new.stop()
+    engine = create_engine(f"sqlite:///{new.state_dir / 'bcm.db'}")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == head
+    engine.dispose()
+
+
+def test_restore_refuses_while_bcm_serve_runs_on_the_target(
+    tmp_path: Path, made: tuple[Server, Path]
+) -> None:
+    _srv, archive = made
+    running = Server(tmp_path / "b" / "state")
+    running.start()
+    try:
+        refused(restore(tmp_path, archive, "--force"), "stop it before restoring")
+    finally:
+        running.stop()
