@@ -97,6 +97,13 @@ class Watch:
                     self.first.setdefault(n["name"], {}).setdefault(n["provision_state"], now)
 
 
+def timeline(flow: str, first: dict[str, dict[str, float]], t_on: float) -> None:
+    """Print when each node first showed each provisioning state, in seconds after power-on."""
+    for node in sorted(first):
+        steps = sorted(first[node].items(), key=lambda kv: kv[1])
+        print(f"  {flow} {node}: " + ", ".join(f"{state} {at - t_on:.0f}s" for state, at in steps), flush=True)
+
+
 def vm_of(bench: Bench, nodes: list[dict[str, Any]]) -> dict[str, str]:
     """node name → lab VM name, by the boot MAC."""
     by_mac = {v.mac: v.name for v in vm.load(bench.lab_dir)}
@@ -130,6 +137,7 @@ def manual(bench: Bench, count: int) -> tuple[dict[str, float], dict[str, str]]:
                   f"node01,{hostlist}", timeout=3600)  # fmt: skip
         bench.cli("node", "wait", hostlist, "--state", "ready", "--timeout", "600", timeout=660)
         time.sleep(2.5)  # one more reading by the watcher
+    timeline("manual", watch.first, t_on)
     names = vm_of(bench, nodes)
     return {names[n]: watch.first[n]["ready"] - t_on for n in names if "ready" in watch.first.get(n, {})}, names
 
@@ -157,6 +165,7 @@ def zero_touch(bench: Bench, count: int) -> tuple[dict[str, float], dict[str, st
         bench.cli("node", "wait", hostlist, "--state", "ready", "--timeout", str(BOOT_WAIT_S), timeout=BOOT_WAIT_S + 60,
                   check=False)  # fmt: skip
         time.sleep(2.5)
+    timeline("zero-touch", watch.first, t_on)
     names = vm_of(bench, bench.json("node", "list", hostlist))
     return {names[n]: watch.first[n]["ready"] - t_on for n in names if "ready" in watch.first.get(n, {})}, names
 
