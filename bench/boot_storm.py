@@ -63,6 +63,7 @@ from common import pct
 from health import bodies, template
 from sqlmodel import Session
 
+from bcm.api.boot.images import transfer_limit
 from bcm.db import make_engine
 from bcm.devserver import Server, free_port
 from bcm.drivers import imagebuild
@@ -652,8 +653,9 @@ def report_figures(args: argparse.Namespace, env: dict[str, str], settings: Sett
     print(f"  BCM_PXE__MAX_CONCURRENT={env['BCM_PXE__MAX_CONCURRENT']}: how many nodes bcm provisions at once (it "
           "powers them on through their BMCs and waits for their callbacks; the rest wait queued). It bounds "
           "no download.")  # fmt: skip
+    served = Settings(pxe={"max_concurrent": int(env["BCM_PXE__MAX_CONCURRENT"])})  # the limit bcm serve used
     im = settings.images
-    cap = (env.get("BCM_IMAGES__MAX_TRANSFERS", str(im.max_transfers)),
+    cap = (env.get("BCM_IMAGES__MAX_TRANSFERS", f"unset: {transfer_limit(served)}"),
            env.get("BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT", str(im.max_transfers_per_client)))
     print(f"  BCM_IMAGES__MAX_TRANSFERS={cap[0]} (per client address {cap[1]}): image downloads in flight; more "
           "get 503 + Retry-After (retried here, counted as busy)")  # fmt: skip
