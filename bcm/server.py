@@ -13,7 +13,7 @@ from bcm import logs
 from bcm.api.app import create_app
 from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
-from bcm.pathsend import PathsendProtocol, set_min_rate, size_pool
+from bcm.pathsend import PathsendProtocol, set_min_rate
 from bcm.services import auth, categories
 from bcm.settings import Settings
 
@@ -76,7 +76,11 @@ def serve(settings: Settings) -> None:
         log.info("PXE on %s (%s mode), boot scripts at %s", settings.pxe.interface, settings.pxe.mode,
                  pxe.server_url(settings))  # fmt: skip
     app = create_app(settings, engine)
-    size_pool(settings.images.max_transfers)
+    transfers = settings.images.max_transfers
+    if transfers is not None and transfers < settings.pxe.max_concurrent:
+        log.warning("images.max_transfers (%d) is below pxe.max_concurrent (%d): nodes bcm provisions at once "
+                    "will be refused image downloads (503) while others hold them", transfers,
+                    settings.pxe.max_concurrent)  # fmt: skip
     set_min_rate(settings.images.min_rate_bytes_s, settings.images.min_rate_window_s)
     tune_gc()
     proxy_headers, trusted = forwarding(settings)

@@ -184,7 +184,10 @@ class ImagesSettings(BaseModel):
     cache_dir: Path = Path("/var/cache/bcm/images")  # layer trees keyed by content; outside the state dir
     keep_versions: int = Field(default=3, ge=1, le=1000)  # ready versions kept per image (current always)
     build_timeout_s: float = Field(default=7200.0, gt=0, le=86400)
-    max_transfers: int = Field(default=16, ge=1, le=4096)  # concurrent artifact downloads; more get 503
+    # concurrent artifact downloads; more get 503. Unset: as many as pxe.max_concurrent lets provision at
+    # once, at least 64 (a download costs a descriptor, no thread: bcm.pathsend), so no node bcm admitted to
+    # provisioning is refused its files
+    max_transfers: int | None = Field(default=None, ge=1, le=10000)
     max_transfers_per_client: int = Field(default=4, ge=1, le=4096)  # of those, per client address
     # a download that moves fewer than min_rate_bytes_s * min_rate_window_s bytes in a window is dropped
     min_rate_bytes_s: int = Field(default=65_536, ge=0, le=1 << 34)  # 0: never dropped for being slow

@@ -23,7 +23,9 @@ peer: a tiny asyncio HTTP server answering hello/report), the same overlays; eac
 offset after the first power-on as it did in bcm's run, so both see the same arrivals.
 
 Prints time to all-booted, bytes/s of each beside loopback's measured limit (one TCP stream, sendfile to
-recv_into), failures (goal 0), the bcm server's peak RSS (VmHWM) and database rows, and bcm/nginx (goal
+recv_into) for the whole chain (to the last callback's byte) and for the artifacts alone (to the last
+kernel, initramfs or root-image byte: what nginx and bcm both serve, apart from bcm's control plane),
+failures (goal 0), the bcm server's peak RSS (VmHWM) and database rows, and bcm/nginx (goal
 >= 0.9x); asserts nothing. Loopback only (127.0.0.0/8); every request and the whole run bounded in time.
 Server settings: every BCM_* variable set where this runs goes to the server. ``BCM_PXE__MAX_CONCURRENT``
 (how many nodes bcm provisions at once; its default is 20) is --machines here unless set, so that all boot
@@ -63,6 +65,7 @@ from common import pct
 from health import bodies, template
 from sqlmodel import Session
 
+from bcm.api.boot.images import transfer_limit
 from bcm.db import make_engine
 from bcm.devserver import Server, free_port
 from bcm.drivers import imagebuild
@@ -253,7 +256,9 @@ class Run:
     t0: float = 0.0
     first_byte: float = 0.0
     last_byte: float = 0.0
+    last_image_byte: float = 0.0  # the last byte of a boot artifact (kernel, initramfs, root image)
     moved: int = 0
+    image_moved: int = 0
     busy: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     samples: list[str] = field(default_factory=list)
@@ -296,6 +301,9 @@ class Run:
                 continue
             self.moved += got
             self.last_byte = time.monotonic()
+            if path.startswith("/boot/v1/images/"):
+                self.image_moved += got
+                self.last_image_byte = self.last_byte
             return head, data
 
     async def machine(self, mac: str, source: str, base: str, power_on: Awaitable[float]) -> None:
@@ -557,6 +565,7 @@ def figures(run: Run) -> dict[str, float]:
         "p50": pct(per, 50) if per else float("nan"),
         "p99": pct(per, 99) if per else float("nan"),
         "mibs": run.moved / (1 << 20) / span,
+        "image_mibs": run.image_moved / (1 << 20) / max(run.last_image_byte - run.first_byte, 1e-9),
         "gib": run.moved / (1 << 30),
     }
 
@@ -652,8 +661,9 @@ def report_figures(args: argparse.Namespace, env: dict[str, str], settings: Sett
     print(f"  BCM_PXE__MAX_CONCURRENT={env['BCM_PXE__MAX_CONCURRENT']}: how many nodes bcm provisions at once (it "
           "powers them on through their BMCs and waits for their callbacks; the rest wait queued). It bounds "
           "no download.")  # fmt: skip
+    served = Settings(pxe={"max_concurrent": int(env["BCM_PXE__MAX_CONCURRENT"])})  # the limit bcm serve used
     im = settings.images
-    cap = (env.get("BCM_IMAGES__MAX_TRANSFERS", str(im.max_transfers)),
+    cap = (env.get("BCM_IMAGES__MAX_TRANSFERS", f"unset: {transfer_limit(served)}"),
            env.get("BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT", str(im.max_transfers_per_client)))
     print(f"  BCM_IMAGES__MAX_TRANSFERS={cap[0]} (per client address {cap[1]}): image downloads in flight; more "
           "get 503 + Retry-After (retried here, counted as busy)")  # fmt: skip
@@ -667,6 +677,7 @@ def report_figures(args: argparse.Namespace, env: dict[str, str], settings: Sett
         ("booted / reported machines", f"{len(bcm.booted)} / {len(bcm.reported)}", f"{len(ref.booted)} / {len(ref.reported)}"),
         ("moved (GiB)", f"{b['gib']:.1f}", f"{r['gib']:.1f}"),
         ("bytes/s, first request → last byte (MiB/s)", f"{b['mibs']:,.0f}", f"{r['mibs']:,.0f}"),
+        ("artifact bytes/s, to the last artifact byte", f"{b['image_mibs']:,.0f}", f"{r['image_mibs']:,.0f}"),
         ("busy answers (503, retried)", str(bcm.busy), str(ref.busy)),
         ("failures (goal 0)", str(sum(bcm.failures.values())), str(sum(ref.failures.values()))),
         ("client CPU (s)", f"{client_cpu[0]:.1f}", f"{client_cpu[1]:.1f}"),
@@ -676,6 +687,8 @@ def report_figures(args: argparse.Namespace, env: dict[str, str], settings: Sett
         print(f"  {label:44s} {x:>16s}   {y:>16s}")
     print(f"  bcm/nginx bytes/s = {b['mibs'] / r['mibs']:.2f}x (goal >= 0.9x); all booted: bcm "
           f"{b['booted'] / r['booted']:.2f}x nginx's time")  # fmt: skip
+    print(f"  artifacts alone (the files both serve; the span ends at the last kernel/initramfs/root byte, before "
+          f"the last callbacks): bcm/nginx = {b['image_mibs'] / r['image_mibs']:.2f}x")  # fmt: skip
     for run in (bcm, ref):
         for what, count in run.failures.most_common(8):
             print(f"  {run.label} failure: {count} x {what}")

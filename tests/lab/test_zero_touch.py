@@ -4,8 +4,9 @@ name themselves in SMBIOS, one category with a discovery rule, auto-provisioning
 the BMC range, and a Slurm cluster with a namespace controller. After `bcm lab vm-power on --pxe` (the power
 buttons) no bcm command runs: the three good VMs are discovered, registered, provisioned through the BMCs
 they reported, booted, inventoried, joined to Slurm by one deploy and verified one by one → `ready`; the
-fourth, whose category's kernel arguments break its boot, ends `failed` with a clear `last_error` and
-delays nobody. Then this test checks what the flow did: states, the BMCs taken from the reports, the SSH
+fourth, whose category's image is broken (`lab-broken`: the lab image without /sbin/init), boots as far as
+bcm's initramfs, which reports the failure itself, and ends `failed` with that line in `last_error`,
+delaying nobody. Then this test checks what the flow did: states, the BMCs taken from the reports, the SSH
 host keys bcm pinned before the first boot, Slurm's view, and that every operation on those nodes was started
 by bcm itself. On the way, dnsmasq is killed before the power buttons: `bcm serve` starts it again, and the
 boots succeed. (The manual PXE chain, `bcm node assign|provision` and `bcm lab vm-bmc`, runs verbatim in
@@ -123,7 +124,9 @@ def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
         assert n["inventoried_at"] and n["interfaces"][0]["ip"].startswith("198.18.0."), n
     bad = nodes["bad01"]
     assert bad["provision_state"] == "failed" and bad["category"] == "bad", bad
-    assert "powered off before it called back" in bad["last_error"], bad["last_error"]
+    # the init's own report (POST /boot/v1/failed with the attempt's token), not the power poll or a deadline
+    assert "the boot failed on the node" in bad["last_error"], bad["last_error"]
+    assert "bcm-init: the root image has no /sbin/init" in bad["last_error"], bad["last_error"]
 
     # each answers SSH with exactly the host key bcm made and pinned before its first boot
     with sqlite3.connect(flow.server.state_dir / "bcm.db") as db:

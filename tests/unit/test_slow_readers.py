@@ -14,7 +14,7 @@ import pytest
 
 from bcm.api.boot.images import Transfers, held_to_a_floor
 from bcm.errors import Unavailable
-from bcm.pathsend import RateFloor, SlowReader, _sendfile_all
+from bcm.pathsend import RateFloor, SlowReader, sendfile
 
 
 class SteppingClock:
@@ -51,13 +51,16 @@ def test_sendfile_to_a_client_that_stops_reading_is_dropped(tmp_path: Path) -> N
         # the client reads nothing; every clock reading is a whole window later, so the first window is
         # judged at once: the few hundred KiB the buffers took are under 1 MiB/s
         with pytest.raises(SlowReader):
-            _sendfile_all(server.fileno(), str(big), big.stat().st_size, RateFloor(1 << 20, 1.0, SteppingClock(1.0)))
+            asyncio.run(sendfile(server.fileno(), str(big), 0, big.stat().st_size,
+                                 RateFloor(1 << 20, 1.0, SteppingClock(1.0))))  # fmt: skip
     finally:
         server.close()
         client.close()
 
 
-def test_sendfile_to_a_client_that_reads_arrives_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("offset", [0, 123_457])
+def test_sendfile_to_a_client_that_reads_arrives_whole(tmp_path: Path, offset: int) -> None:
+    """The file, or the part of it from ``offset`` (a range), on the event loop with no thread of its own."""
     data = os.urandom(4 << 20)
     big = tmp_path / "rootfs"
     big.write_bytes(data)
@@ -67,7 +70,7 @@ def test_sendfile_to_a_client_that_reads_arrives_whole(tmp_path: Path) -> None:
 
     def read() -> None:
         client.settimeout(30)
-        while len(got) < len(data):
+        while len(got) < len(data) - offset:
             chunk = client.recv(1 << 16)
             if not chunk:
                 return
@@ -75,13 +78,20 @@ def test_sendfile_to_a_client_that_reads_arrives_whole(tmp_path: Path) -> None:
 
     reader = threading.Thread(target=read)
     reader.start()
+    threads = threading.active_count()
+
+    async def send() -> int:
+        await sendfile(server.fileno(), str(big), offset, len(data) - offset, RateFloor(1, 3600.0))
+        return threading.active_count()
+
     try:
-        _sendfile_all(server.fileno(), str(big), len(data), RateFloor(1, 3600.0))
+        during = asyncio.run(send())
     finally:
         reader.join(30)
         server.close()
         client.close()
-    assert bytes(got) == data
+    assert bytes(got) == data[offset:]
+    assert during <= threads  # no more than the reader's: the copy started none
 
 
 def test_a_chunked_body_the_client_does_not_take_is_dropped() -> None:

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import pathlib
 import threading
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import FileResponse, Response
+from starlette.datastructures import MutableHeaders
 
-from bcm.api.deps import SessionDep
 from bcm.api.params import Name
+from bcm.db import session_scope
 from bcm.errors import BcmError, NotFound, Unavailable
-from bcm.pathsend import RateFloor, SlowReader
+from bcm.pathsend import RANGE_EXTENSION, RateFloor, SlowReader
 from bcm.services import events
 from bcm.services import images as svc
+from bcm.settings import Settings
 
 router = APIRouter(prefix="/boot/v1/images", tags=["boot"])
 Version = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
@@ -67,9 +72,10 @@ class Transfers:
 class CountedFile(FileResponse):
     """A FileResponse that gives its transfer slot back when it is done, sent or not.
 
-    Under ``bcm serve`` a whole file goes by ``sendfile(2)`` (``bcm.pathsend``); where the server offers no
-    ``pathsend`` (the test client, a Range request), root images of hundreds of MiB are read 4 MiB at a
-    time (Starlette's default is 64 KiB). bench/boot.py measures it against nginx.
+    Under ``bcm serve`` a whole file, and the 206 of a single range, go by ``sendfile(2)`` (``bcm.pathsend``);
+    where the server offers no ``pathsend`` (the test client), and for several ranges at once (a multipart
+    body), root images of hundreds of MiB are read 4 MiB at a time (Starlette's default is 64 KiB).
+    bench/boot.py and bench/boot_storm.py measure it against nginx.
     """
 
     chunk_size = 4 * 1024 * 1024
@@ -80,16 +86,46 @@ class CountedFile(FileResponse):
     ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._transfers, self._client, self._min_rate = transfers, client, min_rate
+        self._range_by_pathsend = False
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        held = True
+
+        def give_back() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._transfers.leave(self._client)
+
+        async def send_then_give_back(message: Any) -> None:
+            # the slot comes back as the last byte is handed over, before this task winds down: a client's
+            # next request on the same connection must not find its own finished download still counted
+            await send(message)
+            kind = message.get("type")
+            if kind == "http.response.pathsend" or (kind == "http.response.body" and not message.get("more_body")):
+                give_back()
+
         try:
+            self._range_by_pathsend = RANGE_EXTENSION in scope.get("extensions", {})
+            outer = send_then_give_back
             if self._min_rate[0] > 0:
-                send = held_to_a_floor(send, RateFloor(*self._min_rate))
-            await super().__call__(scope, receive, send)
+                outer = held_to_a_floor(outer, RateFloor(*self._min_rate))
+            await super().__call__(scope, receive, outer)
         except SlowReader as exc:  # the response is incomplete: the server closes the connection
             log.info("boot artifact download by %s dropped: %s", self._client, exc)
         finally:
-            self._transfers.leave(self._client)
+            give_back()
+
+    async def _handle_single_range(self, send, start: int, end: int, file_size: int,  # type: ignore[no-untyped-def]
+                                   send_header_only: bool) -> None:  # fmt: skip
+        if send_header_only or not self._range_by_pathsend:
+            await super()._handle_single_range(send, start, end, file_size, send_header_only)
+            return
+        headers = MutableHeaders(raw=list(self.raw_headers))
+        headers["content-range"] = f"bytes {start}-{end - 1}/{file_size}"
+        headers["content-length"] = str(end - start)
+        await send({"type": "http.response.start", "status": 206, "headers": headers.raw})
+        await send({"type": "http.response.pathsend", "path": str(self.path), "offset": start})
 
 
 def held_to_a_floor(send: Any, floor: RateFloor) -> Any:
@@ -116,31 +152,32 @@ def held_to_a_floor(send: Any, floor: RateFloor) -> Any:
     return send_with_floor
 
 
+def transfer_limit(settings: Settings) -> int:
+    """``images.max_transfers``, or where unset as many as ``pxe.max_concurrent`` (at least 64)."""
+    return settings.images.max_transfers or max(64, settings.pxe.max_concurrent)
+
+
 def _transfers(request: Request) -> Transfers:
     state = request.app.state
     if getattr(state, "image_transfers", None) is None:
-        conf = state.settings.images
-        state.image_transfers = Transfers(conf.max_transfers, conf.max_transfers_per_client)
+        settings = state.settings
+        state.image_transfers = Transfers(transfer_limit(settings), settings.images.max_transfers_per_client)
     return state.image_transfers  # type: ignore[no-any-return]
 
 
 @router.api_route("/{name}/{version}/{filename}", methods=["GET", "HEAD"], response_class=Response)
-def artifact(name: Name, version: Version, filename: Filename, request: Request, session: SessionDep) -> Response:
-    image, art = svc.find_artifact(session, name, version, filename)
-    path, problem = svc.artifact_problem(request.app.state.settings.images_dir, image, art)
-    if problem == "missing":
-        events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}", "file missing",
-                      severity="error")  # fmt: skip
-        session.commit()
-        raise NotFound(f"image {name} version {version}: {filename} is missing on the server")
-    if problem == "size":
-        events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}",
-                      f"size {path.stat().st_size} != {art.size} recorded at publish", severity="error")  # fmt: skip
-        session.commit()
-        raise ArtifactCorrupt(f"image {name} version {version}: {filename} does not match its published size")
+async def artifact(name: Name, version: Version, filename: Filename, request: Request) -> Response:
+    """The artifact's bytes (``Range``: one range or several; a range past the end: 416). The transfer limits
+    come first: a refused download (503 + Retry-After) costs no database read and no ``stat``."""
     transfers = _transfers(request)
     client = request.client.host if request.client else "unknown"
     transfers.enter(client)
+    try:
+        path, stat, sha256 = await anyio.to_thread.run_sync(_checked_file, request.app.state, name, version,
+                                                            filename)  # fmt: skip
+    except BaseException:
+        transfers.leave(client)
+        raise
     conf = request.app.state.settings.images
     return CountedFile(
         path,
@@ -148,5 +185,26 @@ def artifact(name: Name, version: Version, filename: Filename, request: Request,
         client=client,
         min_rate=(conf.min_rate_bytes_s, conf.min_rate_window_s),
         media_type="application/octet-stream",
-        headers={"ETag": f'"{art.sha256}"', "Cache-Control": "no-cache"},
+        headers={"ETag": f'"{sha256}"', "Cache-Control": "no-cache"},
+        stat_result=stat,
     )
+
+
+def _checked_file(state: Any, name: str, version: str, filename: str) -> tuple[pathlib.Path, os.stat_result, str]:
+    """The artifact's file, its ``stat`` and sha256; a file missing or not its published size is never sent."""
+    images_dir = state.settings.images_dir
+    with session_scope(state.engine) as session:
+        image, art = svc.find_artifact(session, name, version, filename)
+        path = svc.version_dir(images_dir, image.name, image.version) / art.filename
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            stat = None
+        if stat is not None and stat.st_size == art.size:
+            return path, stat, art.sha256
+        problem = "file missing" if stat is None else f"size {stat.st_size} != {art.size} recorded at publish"
+        events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}", problem,
+                      severity="error")  # fmt: skip
+    if stat is None:
+        raise NotFound(f"image {name} version {version}: {filename} is missing on the server")
+    raise ArtifactCorrupt(f"image {name} version {version}: {filename} does not match its published size")
