@@ -67,14 +67,15 @@ def serve(settings: Settings) -> None:
     uvicorn_level = logs.configure(settings.log_level, settings.log_format)
     from bcm.workers.leader import claim_sqlite
 
+    boot_sock = None
     if settings.tls.enabled:
         tls.check_settings(settings)  # an admin's unreadable or mismatched pair stops here, with one line
+        boot_sock = _listen(settings.host, settings.tls.boot_port)  # so does a boot port in use
     claim_sqlite(settings)  # one server per SQLite file: a second one stops here, with one line
     engine, token_file = prepare(settings)
     if token_file:
         log.warning("created the first admin token; it is in %s (mode 0600)", token_file)
     server_tls = tls.prepare(settings, _pxe_address(engine, settings)) if settings.tls.enabled else None
-    boot_sock = _listen(settings.host, settings.tls.boot_port) if server_tls else None
     db = engine.url.render_as_string(hide_password=True)
     scheme = "https" if server_tls else "http"
     log.info("bcm serving on %s://%s:%s, database %s", scheme, settings.host, settings.port, db)

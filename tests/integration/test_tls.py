@@ -1,0 +1,200 @@
+"""The API over TLS: a real `bcm serve` with BCM_TLS__ENABLED, the real CLI, loopback only.
+
+bcm's CA fetched once and checked by fingerprint; the CLI verifies the server against it and refuses
+without it; the certificate names what was configured; the plain port serves the boot files only; an
+admin's own certificate works; bad TLS settings stop the start with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from bcm.agent.reporter import SendError, opener_for, post_json
+from bcm.devserver import Server
+from bcm.services import tls
+from tests.integration.test_cli import failed_with, ok
+
+NAMES = "bcm-head.test,198.18.0.1"
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path / "state", tls=True, extra_env={"BCM_TLS__NAMES": NAMES})
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def remote(srv: Server, home: Path, **env: str) -> dict[str, str]:
+    """An admin's machine: no state dir of the server's (so no CA of its own), the token given."""
+    return {"BCM_STATE_DIR": str(home / "no-state"), "XDG_CONFIG_HOME": str(home / "config"),
+            "BCM_TOKEN": srv.token(), **env}  # fmt: skip - one dict
+
+
+def shown_fingerprint(srv: Server) -> str:
+    lines = ok(srv.cli("ca", "show")).splitlines()
+    assert lines[0].startswith("SHA256:") and len(lines[0]) == 7 + 32 * 3 - 1, lines
+    return lines[0]
+
+
+def test_cli_over_https_after_ca_fetch(tls_server: Server, tmp_path: Path) -> None:
+    srv = tls_server
+    fp = shown_fingerprint(srv)
+    assert f"CA fingerprint {fp}" in (srv.log.read_text() if srv.log else "")  # serve logs it at start
+    admin = remote(srv, tmp_path)
+    stored = tmp_path / "config" / "bcm" / "ca.pem"
+
+    # no CA yet: a clear refusal, not an unverified connection
+    failed_with(srv.cli("node", "list", **admin), "does not verify", "bcm ca fetch --fingerprint")
+    # a wrong fingerprint: one line naming the real one, nothing stored
+    wrong = "SHA256:" + ":".join(["AB"] * 32)
+    failed_with(srv.cli("ca", "fetch", "--fingerprint", wrong, **admin), "not the one given", fp, "nothing stored")
+    failed_with(srv.cli("ca", "fetch", "--fingerprint", "SHA256:12:34", **admin), "fingerprint", "64 hex")
+    assert not stored.exists()
+
+    out = ok(srv.cli("ca", "fetch", "--fingerprint", fp, **admin))
+    assert f"stored bcm's CA {fp} in {stored}" in out
+    assert stored.read_bytes() == (srv.state_dir / "tls" / "ca.crt").read_bytes()
+    ok(srv.cli("node", "add", "gpu[01-02]", "--mac", "52:54:00:00:31:01", **admin))
+    assert [n["name"] for n in json.loads(ok(srv.cli("node", "list", "--json", **admin)))] == ["gpu01", "gpu02"]
+    # fetched as plain hex without colons, from the boot port, into BCM_CA_CERT: the same file
+    elsewhere = tmp_path / "elsewhere.pem"
+    hex_fp = fp.removeprefix("SHA256:").replace(":", "").lower()
+    ok(srv.cli("--url", srv.boot_url, "ca", "fetch", "--fingerprint", hex_fp, **admin, BCM_CA_CERT=str(elsewhere)))
+    assert elsewhere.read_bytes() == stored.read_bytes()
+    # a CA that is not the server's: the CLI refuses (BCM_CA_CERT wins over the stored one)
+    other, _ = tls.make_ca(tls.dt.datetime.now(tls.dt.UTC), "another CA")
+    stranger = tmp_path / "stranger.pem"
+    stranger.write_bytes(other.public_bytes(serialization.Encoding.PEM))
+    failed_with(srv.cli("node", "list", **admin, BCM_CA_CERT=str(stranger)), "does not verify", str(stranger))
+    # the plain URL of the TLS port is no way round it
+    failed_with(srv.cli("node", "list", **admin, BCM_URL=f"http://127.0.0.1:{srv.port}"))
+    # on the head, as the server's user, the CLI verifies against the server's own CA file
+    assert json.loads(ok(srv.cli("node", "list", "--json")))[0]["name"] == "gpu01"
+
+
+def test_certificate_names_what_was_configured(tls_server: Server) -> None:
+    ca_file = tls_server.state_dir / "tls" / "ca.crt"
+    context = ssl.create_default_context(cafile=str(ca_file))
+    for name in ("bcm-head.test", "198.18.0.1", "localhost", "127.0.0.1", socket.gethostname()):
+        with (
+            socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname=name) as conn,
+        ):
+            peer = conn.getpeercert()
+            assert peer is not None
+            names = {value for _kind, value in peer["subjectAltName"]}
+            assert {"bcm-head.test", "198.18.0.1", "localhost", "127.0.0.1"} <= names
+    for name in ("other.test", "198.18.0.2"):
+        with (
+            socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as raw,
+            pytest.raises(ssl.SSLCertVerificationError, match="mismatch|doesn't match"),
+        ):
+            context.wrap_socket(raw, server_hostname=name)
+    der = ssl.get_server_certificate(("127.0.0.1", tls_server.port))
+    served = x509.load_pem_x509_certificate(der.encode())
+    basic = served.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert basic.ca is False
+
+
+def test_plain_port_serves_boot_files_only(tls_server: Server) -> None:
+    boot = tls_server.boot_url
+    script = httpx.get(f"{boot}/boot/v1/ipxe/boot.ipxe", timeout=10)
+    assert script.status_code == 200 and script.text.startswith("#!ipxe")
+    assert f"chain --autofree {boot}/boot/v1/ipxe/" in script.text  # iPXE stays on the plain port
+    discovery = httpx.get(f"{boot}/boot/v1/ipxe/52-54-00-00-31-09", timeout=10)
+    assert discovery.status_code == 200 and discovery.headers["x-bcm-purpose"] in ("discovery", "noimage")
+    ca = httpx.get(f"{boot}/boot/v1/ca.pem", timeout=10)
+    assert ca.status_code == 200 and ca.content == (tls_server.state_dir / "tls" / "ca.crt").read_bytes()
+    token = {"Authorization": f"Bearer {tls_server.token()}"}
+    for method, path in (("GET", "/api/v1/nodes"), ("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/ui/"),
+                         ("POST", "/boot/v1/agent/report"), ("POST", "/boot/v1/hello"), ("GET", "/openapi.json")):  # fmt: skip
+        r = httpx.request(method, f"{boot}{path}", headers=token, timeout=10)
+        assert r.status_code == 404, (path, r.status_code)
+        assert "the API is at https://" in r.json()["message"]
+    # the TLS port serves everything, boot files included
+    api = httpx.Client(base_url=tls_server.url, verify=tls_server.verify(), headers=token, timeout=10)
+    assert api.get("/api/v1/nodes").status_code == 200
+    assert api.get("/boot/v1/ipxe/boot.ipxe").status_code == 200
+
+
+def test_agent_reports_over_https_verified_against_the_ca(tls_server: Server, tmp_path: Path) -> None:
+    srv = tls_server
+    ok(srv.cli("node", "add", "gpu01"))
+    agent_token = ok(srv.cli("node", "token", "gpu01")).strip().splitlines()[-1]
+    ca_file = str(srv.state_dir / "tls" / "ca.crt")
+    url = f"{srv.url}/boot/v1/agent/report"
+    # the route answers a verified request (422: this body is no report; the token was accepted)
+    with pytest.raises(SendError, match="422"):
+        post_json(url, agent_token, b"{}", 10, opener=opener_for(ca_file))
+    # without bcm's CA the agent does not talk to the server at all
+    with pytest.raises(SendError, match="CERTIFICATE_VERIFY_FAILED"):
+        post_json(url, agent_token, b"{}", 10, opener=opener_for(None))
+
+
+def _admin_pki(tmp_path: Path) -> tuple[Path, Path, Path, x509.Certificate]:
+    """What an admin brings: their CA, and a certificate and key it issued for the head."""
+    now = tls.dt.datetime.now(tls.dt.UTC)
+    ca, ca_key = tls.make_ca(now, "site CA")
+    cert, key = tls.issue_server(ca, ca_key, ["bcm-head.test", "127.0.0.1"], now)
+    pem = serialization.Encoding.PEM
+    paths = tmp_path / "site.crt", tmp_path / "site.key", tmp_path / "site-ca.crt"
+    paths[0].write_bytes(cert.public_bytes(pem))
+    paths[1].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths[1].chmod(0o600)
+    paths[2].write_bytes(ca.public_bytes(pem))
+    return *paths, cert
+
+
+def test_admin_certificate_and_key(tmp_path: Path) -> None:
+    crt, key, ca_crt, cert = _admin_pki(tmp_path)
+    env = {"BCM_TLS__CERT_FILE": str(crt), "BCM_TLS__KEY_FILE": str(key), "BCM_TLS__CA_FILE": str(ca_crt)}
+    srv = Server(tmp_path / "state", tls=True, extra_env=env, ca_file=ca_crt)
+    srv.start()
+    try:
+        served = x509.load_pem_x509_certificate(ssl.get_server_certificate(("127.0.0.1", srv.port)).encode())
+        assert served.serial_number == cert.serial_number
+        assert not (srv.state_dir / "tls" / "ca.key").exists()  # bcm made no CA of its own
+        fp = shown_fingerprint(srv)
+        assert fp == tls.fingerprint(x509.load_pem_x509_certificate(ca_crt.read_bytes()))
+        admin = remote(srv, tmp_path)
+        ok(srv.cli("ca", "fetch", "--fingerprint", fp, **admin))
+        ok(srv.cli("node", "add", "site01", **admin))
+        assert json.loads(ok(srv.cli("node", "show", "site01", "--json", **admin)))["name"] == "site01"
+    finally:
+        srv.stop()
+
+
+def test_bad_tls_settings_are_one_line_at_start(tmp_path: Path) -> None:
+    crt, key, _ca, _cert = _admin_pki(tmp_path)
+    (tmp_path / "other").mkdir()
+    _crt2, other_key, _ca2, _cert2 = _admin_pki(tmp_path / "other")
+    srv = Server(tmp_path / "state", tls=True)
+    never = {"BCM_STATE_DIR": str(tmp_path / "never")}
+    missing = str(tmp_path / "missing.key")
+    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt), BCM_TLS__KEY_FILE=missing),
+                "BCM_TLS__KEY_FILE", "cannot read", "missing.key")  # fmt: skip
+    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt), BCM_TLS__KEY_FILE=str(other_key)),
+                "BCM_TLS__KEY_FILE", "is not the key of the certificate")  # fmt: skip
+    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt)), "BCM_TLS__KEY_FILE", "go together")
+    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(key), BCM_TLS__KEY_FILE=str(key)),
+                "BCM_TLS__CERT_FILE", "not a PEM certificate")  # fmt: skip
+    assert not (tmp_path / "never").exists()  # nothing was started
+    # the boot port taken: one line too
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        failed_with(srv.cli("serve", **never, BCM_TLS__BOOT_PORT=port), "BCM_TLS__BOOT_PORT", "cannot listen", port)
+    assert not (tmp_path / "never").exists()
