@@ -202,6 +202,10 @@ def ensure_ca(tls_dir: Path, now: dt.datetime | None = None) -> x509.Certificate
     crt, key = tls_dir / "ca.crt", tls_dir / "ca.key"
     if crt.exists() and key.exists():
         return load_pem_cert(crt.read_bytes(), str(crt))
+    if crt.exists() or key.exists():  # never a new CA over half of one an admin copied or fetched
+        have, lack = (crt, key) if crt.exists() else (key, crt)
+        raise InvalidInput(f"{lack} is missing beside {have}: copy both from the head that made them, or remove "
+                           f"{have} for a new CA (every client then fetches it again)")  # fmt: skip - one raise
     cert, private = make_ca(now or dt.datetime.now(dt.UTC), f"bcm API CA ({socket.gethostname()[:40]})")
     _write(key, _key_pem(private), 0o600)
     _write(crt, cert.public_bytes(serialization.Encoding.PEM), 0o644)

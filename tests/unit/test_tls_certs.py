@@ -128,3 +128,13 @@ def test_admin_pair_must_match(tmp_path: Path) -> None:
         tls.check_admin_pair(right, right, None)
     with pytest.raises(InvalidInput, match="BCM_TLS__KEY_FILE: .*not an unencrypted PEM private key"):
         tls.check_admin_pair(crt, crt, None)
+
+
+def test_half_a_ca_is_refused_not_replaced(tmp_path: Path) -> None:
+    d = tmp_path / "tls"
+    tls.ensure_server_cert(d, ["bcm-head.test"], NOW)
+    ca = (d / "ca.crt").read_bytes()
+    (d / "ca.key").unlink()
+    with pytest.raises(InvalidInput, match="ca.key is missing beside .*ca.crt"):
+        tls.ensure_server_cert(d, ["bcm-head.test"], NOW)
+    assert (d / "ca.crt").read_bytes() == ca
