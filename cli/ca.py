@@ -18,12 +18,16 @@ from cli.client import CliError, _url, user_ca_file, verify_context
 from cli.common import JsonOpt, _state
 from cli.render import emit_json, out
 
-app = typer.Typer(help="bcm's API CA: fetch it once (checked by its fingerprint), or show it on the head.",
-                  no_args_is_help=True)  # fmt: skip - one call
+app = typer.Typer(
+    help="bcm's API CA: fetch it once (checked by its fingerprint), or show it on the head.",
+    no_args_is_help=True,
+)
 
 FingerprintOpt = Annotated[
     str,
-    typer.Option("--fingerprint", help="SHA256:AB:CD:… as `bcm ca show` prints it on the head (or 64 hex digits)"),
+    typer.Option(
+        "--fingerprint", help="SHA256:AB:CD:… as `bcm ca show` prints it on the head (or 64 hex digits)"
+    ),
 ]
 
 
@@ -38,11 +42,15 @@ def _fetch_pem(url: str) -> bytes:
     unchecked.check_hostname = False
     unchecked.verify_mode = ssl.CERT_NONE  # the fingerprint below is the check; see the docstring
     try:
-        resp = httpx.get(url.rstrip("/") + CA_PATH, verify=unchecked, timeout=30, headers={"User-Agent": "bcm-cli"})
+        resp = httpx.get(
+            url.rstrip("/") + CA_PATH, verify=unchecked, timeout=30, headers={"User-Agent": "bcm-cli"}
+        )
     except httpx.HTTPError as exc:
         raise CliError(f"cannot fetch the CA from {url}: {type(exc).__name__} {exc}".strip()) from None
     if resp.status_code != 200:
-        raise CliError(f"{url} has no CA to fetch (HTTP {resp.status_code}): is TLS on there (BCM_TLS__ENABLED)?")
+        raise CliError(
+            f"{url} has no CA to fetch (HTTP {resp.status_code}): is TLS on there (BCM_TLS__ENABLED)?"
+        )
     return resp.content
 
 
@@ -98,7 +106,9 @@ def fetch(
         finally:
             staged.unlink(missing_ok=True)
     _store(target, pem)
-    out.print(f"stored bcm's CA {fingerprint_of(cert)} in {target}", soft_wrap=True, markup=False, highlight=False)
+    out.print(
+        f"stored bcm's CA {fingerprint_of(cert)} in {target}", soft_wrap=True, markup=False, highlight=False
+    )
 
 
 @app.command("show")
@@ -121,7 +131,9 @@ def show(
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror} (run this as the user bcm serve runs as)") from None
+        raise CliError(
+            f"cannot read {path}: {exc.strerror} (run this as the user bcm serve runs as)"
+        ) from None
     cert = load_pem_cert(data, str(path))
     facts = {
         "fingerprint": fingerprint_of(cert),
@@ -135,6 +147,11 @@ def show(
         out.print(data.decode().rstrip(), soft_wrap=True, markup=False, highlight=False)
     else:
         out.print(facts["fingerprint"], soft_wrap=True, highlight=False)
-        out.print(f"{path} ({facts['subject']}, valid until {facts['not_after']})", soft_wrap=True, highlight=False)
-        out.print("on another machine: bcm ca fetch --fingerprint " + facts["fingerprint"], soft_wrap=True,
-                  highlight=False)  # fmt: skip - one call
+        out.print(
+            f"{path} ({facts['subject']}, valid until {facts['not_after']})", soft_wrap=True, highlight=False
+        )
+        out.print(
+            "on another machine: bcm ca fetch --fingerprint " + facts["fingerprint"],
+            soft_wrap=True,
+            highlight=False,
+        )

@@ -127,9 +127,16 @@ def make_ca(now: dt.datetime, common_name: str) -> tuple[x509.Certificate, ec.El
 
 def _usage(*, ca: bool) -> x509.KeyUsage:
     return x509.KeyUsage(
-        digital_signature=not ca, content_commitment=False, key_encipherment=False, data_encipherment=False,
-        key_agreement=False, key_cert_sign=ca, crl_sign=ca, encipher_only=False, decipher_only=False,
-    )  # fmt: skip - nine flags in two lines read better than nine lines
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def issue_server(
@@ -151,7 +158,9 @@ def issue_server(
         .add_extension(_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(_san(names), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
     return cert, key
@@ -204,8 +213,10 @@ def ensure_ca(tls_dir: Path, now: dt.datetime | None = None) -> x509.Certificate
         return load_pem_cert(crt.read_bytes(), str(crt))
     if crt.exists() or key.exists():  # never a new CA over half of one an admin copied or fetched
         have, lack = (crt, key) if crt.exists() else (key, crt)
-        raise InvalidInput(f"{lack} is missing beside {have}: copy both from the head that made them, or remove "
-                           f"{have} for a new CA (every client then fetches it again)")  # fmt: skip - one raise
+        raise InvalidInput(
+            f"{lack} is missing beside {have}: copy both from the head that made them, or remove "
+            f"{have} for a new CA (every client then fetches it again)"
+        )
     cert, private = make_ca(now or dt.datetime.now(dt.UTC), f"bcm API CA ({socket.gethostname()[:40]})")
     _write(key, _key_pem(private), 0o600)
     _write(crt, cert.public_bytes(serialization.Encoding.PEM), 0o644)
@@ -250,7 +261,8 @@ def check_admin_pair(cert_file: Path, key_file: Path, ca_file: Path | None) -> b
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError):
         raise InvalidInput(
-            f"setting BCM_TLS__KEY_FILE: {key_file} is not an unencrypted PEM private key", field="BCM_TLS__KEY_FILE"
+            f"setting BCM_TLS__KEY_FILE: {key_file} is not an unencrypted PEM private key",
+            field="BCM_TLS__KEY_FILE",
         ) from None
     public = serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(serialization.Encoding.DER, public) != cert.public_key().public_bytes(
@@ -274,12 +286,16 @@ def check_settings(settings: Settings) -> ServerTls | None:
     t = settings.tls
     if (t.cert_file is None) != (t.key_file is None):
         missing = "BCM_TLS__KEY_FILE" if t.key_file is None else "BCM_TLS__CERT_FILE"
-        raise InvalidInput(f"setting {missing}: BCM_TLS__CERT_FILE and BCM_TLS__KEY_FILE go together", field=missing)
+        raise InvalidInput(
+            f"setting {missing}: BCM_TLS__CERT_FILE and BCM_TLS__KEY_FILE go together", field=missing
+        )
     if t.cert_file is not None and t.key_file is not None:
         return ServerTls(t.cert_file, t.key_file, check_admin_pair(t.cert_file, t.key_file, t.ca_file))
     if t.ca_file is not None:
-        raise InvalidInput("setting BCM_TLS__CA_FILE: only with BCM_TLS__CERT_FILE and BCM_TLS__KEY_FILE",
-                           field="BCM_TLS__CA_FILE")  # fmt: skip - one raise
+        raise InvalidInput(
+            "setting BCM_TLS__CA_FILE: only with BCM_TLS__CERT_FILE and BCM_TLS__KEY_FILE",
+            field="BCM_TLS__CA_FILE",
+        )
     return None
 
 

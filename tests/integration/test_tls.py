@@ -38,8 +38,12 @@ def tls_server(tmp_path: Path) -> Iterator[Server]:
 
 def remote(srv: Server, home: Path, **env: str) -> dict[str, str]:
     """An admin's machine: no state dir of the server's (so no CA of its own), the token given."""
-    return {"BCM_STATE_DIR": str(home / "no-state"), "XDG_CONFIG_HOME": str(home / "config"),
-            "BCM_TOKEN": srv.token(), **env}  # fmt: skip - one dict
+    return {
+        "BCM_STATE_DIR": str(home / "no-state"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "BCM_TOKEN": srv.token(),
+        **env,
+    }
 
 
 def shown_fingerprint(srv: Server) -> str:
@@ -59,7 +63,9 @@ def test_cli_over_https_after_ca_fetch(tls_server: Server, tmp_path: Path) -> No
     failed_with(srv.cli("node", "list", **admin), "does not verify", "bcm ca fetch --fingerprint")
     # a wrong fingerprint: one line naming the real one, nothing stored
     wrong = "SHA256:" + ":".join(["AB"] * 32)
-    failed_with(srv.cli("ca", "fetch", "--fingerprint", wrong, **admin), "not the one given", fp, "nothing stored")
+    failed_with(
+        srv.cli("ca", "fetch", "--fingerprint", wrong, **admin), "not the one given", fp, "nothing stored"
+    )
     failed_with(srv.cli("ca", "fetch", "--fingerprint", "SHA256:12:34", **admin), "fingerprint", "64 hex")
     assert not stored.exists()
 
@@ -67,11 +73,18 @@ def test_cli_over_https_after_ca_fetch(tls_server: Server, tmp_path: Path) -> No
     assert f"stored bcm's CA {fp} in {stored}" in out
     assert stored.read_bytes() == (srv.state_dir / "tls" / "ca.crt").read_bytes()
     ok(srv.cli("node", "add", "gpu[01-02]", "--mac", "52:54:00:00:31:01", **admin))
-    assert [n["name"] for n in json.loads(ok(srv.cli("node", "list", "--json", **admin)))] == ["gpu01", "gpu02"]
+    assert [n["name"] for n in json.loads(ok(srv.cli("node", "list", "--json", **admin)))] == [
+        "gpu01",
+        "gpu02",
+    ]
     # fetched as plain hex without colons, from the boot port, into BCM_CA_CERT: the same file
     elsewhere = tmp_path / "elsewhere.pem"
     hex_fp = fp.removeprefix("SHA256:").replace(":", "").lower()
-    ok(srv.cli("--url", srv.boot_url, "ca", "fetch", "--fingerprint", hex_fp, **admin, BCM_CA_CERT=str(elsewhere)))
+    ok(
+        srv.cli(
+            "--url", srv.boot_url, "ca", "fetch", "--fingerprint", hex_fp, **admin, BCM_CA_CERT=str(elsewhere)
+        )
+    )
     assert elsewhere.read_bytes() == stored.read_bytes()
     # a CA that is not the server's: the CLI refuses (BCM_CA_CERT wins over the stored one)
     other, _ = tls.make_ca(tls.dt.datetime.now(tls.dt.UTC), "another CA")
@@ -118,8 +131,15 @@ def test_plain_port_serves_boot_files_only(tls_server: Server) -> None:
     ca = httpx.get(f"{boot}/boot/v1/ca.pem", timeout=10)
     assert ca.status_code == 200 and ca.content == (tls_server.state_dir / "tls" / "ca.crt").read_bytes()
     token = {"Authorization": f"Bearer {tls_server.token()}"}
-    for method, path in (("GET", "/api/v1/nodes"), ("GET", "/healthz"), ("GET", "/metrics"), ("GET", "/ui/"),
-                         ("POST", "/boot/v1/agent/report"), ("POST", "/boot/v1/hello"), ("GET", "/openapi.json")):  # fmt: skip
+    for method, path in (
+        ("GET", "/api/v1/nodes"),
+        ("GET", "/healthz"),
+        ("GET", "/metrics"),
+        ("GET", "/ui/"),
+        ("POST", "/boot/v1/agent/report"),
+        ("POST", "/boot/v1/hello"),
+        ("GET", "/openapi.json"),
+    ):
         r = httpx.request(method, f"{boot}{path}", headers=token, timeout=10)
         assert r.status_code == 404, (path, r.status_code)
         assert "the API is at https://" in r.json()["message"]
@@ -151,7 +171,9 @@ def _admin_pki(tmp_path: Path) -> tuple[Path, Path, Path, x509.Certificate]:
     pem = serialization.Encoding.PEM
     paths = tmp_path / "site.crt", tmp_path / "site.key", tmp_path / "site-ca.crt"
     paths[0].write_bytes(cert.public_bytes(pem))
-    paths[1].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths[1].write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     paths[1].chmod(0o600)
     paths[2].write_bytes(ca.public_bytes(pem))
     return *paths, cert
@@ -183,18 +205,30 @@ def test_bad_tls_settings_are_one_line_at_start(tmp_path: Path) -> None:
     srv = Server(tmp_path / "state", tls=True)
     never = {"BCM_STATE_DIR": str(tmp_path / "never")}
     missing = str(tmp_path / "missing.key")
-    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt), BCM_TLS__KEY_FILE=missing),
-                "BCM_TLS__KEY_FILE", "cannot read", "missing.key")  # fmt: skip
-    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt), BCM_TLS__KEY_FILE=str(other_key)),
-                "BCM_TLS__KEY_FILE", "is not the key of the certificate")  # fmt: skip
+    failed_with(
+        srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt), BCM_TLS__KEY_FILE=missing),
+        "BCM_TLS__KEY_FILE",
+        "cannot read",
+        "missing.key",
+    )
+    failed_with(
+        srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt), BCM_TLS__KEY_FILE=str(other_key)),
+        "BCM_TLS__KEY_FILE",
+        "is not the key of the certificate",
+    )
     failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(crt)), "BCM_TLS__KEY_FILE", "go together")
-    failed_with(srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(key), BCM_TLS__KEY_FILE=str(key)),
-                "BCM_TLS__CERT_FILE", "not a PEM certificate")  # fmt: skip
+    failed_with(
+        srv.cli("serve", **never, BCM_TLS__CERT_FILE=str(key), BCM_TLS__KEY_FILE=str(key)),
+        "BCM_TLS__CERT_FILE",
+        "not a PEM certificate",
+    )
     assert not (tmp_path / "never").exists()  # nothing was started
     # the boot port taken: one line too
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = str(taken.getsockname()[1])
-        failed_with(srv.cli("serve", **never, BCM_TLS__BOOT_PORT=port), "BCM_TLS__BOOT_PORT", "cannot listen", port)
+        failed_with(
+            srv.cli("serve", **never, BCM_TLS__BOOT_PORT=port), "BCM_TLS__BOOT_PORT", "cannot listen", port
+        )
     assert not (tmp_path / "never").exists()

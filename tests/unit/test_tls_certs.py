@@ -30,7 +30,8 @@ def test_server_certificate_names_validity_and_usage() -> None:
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["bcm-head.test"]
     assert san.get_values_for_type(x509.IPAddress) == [
-        ipaddress.ip_address("198.18.0.1"), ipaddress.ip_address("2001:db8::1")
+        ipaddress.ip_address("198.18.0.1"),
+        ipaddress.ip_address("2001:db8::1"),
     ]
     assert cert.not_valid_before_utc <= NOW < cert.not_valid_after_utc
     assert cert.not_valid_after_utc - NOW == dt.timedelta(days=tls.SERVER_DAYS)
@@ -115,12 +116,16 @@ def test_admin_pair_must_match(tmp_path: Path) -> None:
     crt.write_bytes(cert.public_bytes(pem))
     right, wrong = tmp_path / "right.key", tmp_path / "wrong.key"
     for path, k in ((right, key), (wrong, other_key)):
-        path.write_bytes(k.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        path.write_bytes(
+            k.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
     ca_file = tmp_path / "ca.crt"
     ca_file.write_bytes(ca.public_bytes(pem))
     assert tls.check_admin_pair(crt, right, ca_file) == ca_file.read_bytes()
     assert tls.check_admin_pair(crt, right, None) is None
-    with pytest.raises(InvalidInput, match="BCM_TLS__KEY_FILE: .*wrong.key is not the key of the certificate"):
+    with pytest.raises(
+        InvalidInput, match="BCM_TLS__KEY_FILE: .*wrong.key is not the key of the certificate"
+    ):
         tls.check_admin_pair(crt, wrong, None)
     with pytest.raises(InvalidInput, match=r"BCM_TLS__KEY_FILE: cannot read .*missing.key \(No such file"):
         tls.check_admin_pair(crt, tmp_path / "missing.key", None)
