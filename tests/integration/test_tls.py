@@ -8,8 +8,11 @@ admin's own certificate works; bad TLS settings stop the start with one line.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from bcm.agent.reporter import SendError, opener_for, post_json
 from bcm.devserver import Server
 from bcm.services import tls
+from bcm.services.render import render
 from tests.integration.test_cli import failed_with, ok
 
 NAMES = "bcm-head.test,198.18.0.1"
@@ -161,6 +165,30 @@ def test_agent_reports_over_https_verified_against_the_ca(tls_server: Server, tm
     # without bcm's CA the agent does not talk to the server at all
     with pytest.raises(SendError, match="CERTIFICATE_VERIFY_FAILED"):
         post_json(url, agent_token, b"{}", 10, opener=opener_for(None))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace (for /proc/cmdline) needs root")
+def test_bcm_hello_calls_back_over_https(tls_server: Server, tmp_path: Path) -> None:
+    """The overlay's bcm-hello, as rendered with TLS on, run for real: it reaches the API over https,
+    verified against the CA it names (a made-up boot token: the server's 401 is the answer it gets)."""
+    ca = tls_server.state_dir / "tls" / "ca.crt"
+    hello = tmp_path / "bcm-hello"
+    hello.write_text(
+        render("overlay/usr/local/sbin/bcm-hello.j2", node="gpu01", api_url=tls_server.url, ca_file=str(ca))
+    )
+    cmdline = tmp_path / "cmdline"
+    token = "bcmboot_" + "x" * 43
+    cmdline.write_text(
+        f"quiet bcm.server={tls_server.boot_url} bcm.mac=52:54:00:00:31:01 bcm.token={token}\n"
+    )
+    ssh_dir = tmp_path / "ssh"  # the node's /etc/ssh: the script would make host keys in an empty one
+    ssh_dir.mkdir()
+    (ssh_dir / "ssh_host_ed25519_key.pub").write_text(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDummyDummyDummy node\n"
+    )
+    inner = f"mount --bind {cmdline} /proc/cmdline && mount --bind {ssh_dir} /etc/ssh && exec {sys.executable} {hello}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "the head node refused the callback (401)" in r.stderr, (r.stdout, r.stderr)
 
 
 def _admin_pki(tmp_path: Path) -> tuple[Path, Path, Path, x509.Certificate]:
