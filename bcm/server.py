@@ -9,9 +9,10 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import anyio
 import uvicorn
 from sqlalchemy.engine import Engine
 
@@ -118,9 +119,25 @@ def serve(settings: Settings) -> None:
         return
     api = uvicorn.Config(app, host=settings.host, port=settings.port, ssl_certfile=str(server_tls.cert_file),
                          ssl_keyfile=str(server_tls.key_file), **options)  # fmt: skip - one call
+    if not tls.is_admin_pair(settings):
+        app.state.tls_renew = _renewer(settings, api, server_tls)
     api_url = tls.node_api_url(settings) or f"https://{settings.host}:{settings.port}"
     boot = uvicorn.Config(BootOnly(app, api_url), interface="asgi3", lifespan="off", **options)
     serve_pair(api, boot, boot_sock)
+
+
+def _renewer(settings: Settings, api: uvicorn.Config, server_tls: tls.ServerTls) -> Callable[[], Awaitable[None]]:
+    """After `bcm pxe enable` changed the PXE address: a certificate that names it, served from the next
+    handshake on (the live SSL context loads it; connections already open keep theirs)."""
+
+    async def renew() -> None:
+        names = tls.default_names(settings)
+        if await anyio.to_thread.run_sync(tls.ensure_server_cert, settings.tls_dir, names):
+            assert api.ssl is not None  # loaded when the API server started
+            api.ssl.load_cert_chain(str(server_tls.cert_file), str(server_tls.key_file))
+            log.info("server certificate issued again for %s", ", ".join(names))
+
+    return renew
 
 
 def _pxe_address(engine: Engine, settings: Settings) -> str | None:

@@ -310,6 +310,10 @@ def prepare(settings: Settings, pxe_address: str | None = None) -> ServerTls:
     return ServerTls(d / "server.crt", d / "server.key", (d / "ca.crt").read_bytes())
 
 
+def is_admin_pair(settings: Settings) -> bool:
+    return settings.tls.cert_file is not None
+
+
 def published_ca(settings: Settings) -> Path | None:
     """The CA file clients fetch on this head: the admin's ``tls.ca_file``, else bcm's once it exists."""
     if settings.tls.ca_file is not None:

@@ -125,6 +125,31 @@ def test_certificate_names_what_was_configured(tls_server: Server) -> None:
     assert basic.ca is False
 
 
+def _handshake(port: int, ca_file: Path, name: str) -> None:
+    context = ssl.create_default_context(cafile=str(ca_file))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=name),
+    ):
+        pass
+
+
+def test_a_new_pxe_address_is_named_from_the_next_handshake(tls_server: Server) -> None:
+    ca_file = tls_server.state_dir / "tls" / "ca.crt"
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(tls_server.port, ca_file, "198.18.0.77")
+    api = httpx.Client(base_url=tls_server.url, verify=tls_server.verify(), timeout=30)
+    r = api.put(
+        "/api/v1/pxe",
+        json={"enabled": False, "address": "198.18.0.77"},
+        headers={"Authorization": f"Bearer {tls_server.token()}"},
+    )
+    assert r.status_code == 200, r.text
+    _handshake(tls_server.port, ca_file, "198.18.0.77")  # same CA, a certificate that names it
+    _handshake(tls_server.port, ca_file, "bcm-head.test")
+    assert "server certificate issued again" in (tls_server.log.read_text() if tls_server.log else "")
+
+
 def test_plain_port_serves_boot_files_only(tls_server: Server) -> None:
     boot = tls_server.boot_url
     script = httpx.get(f"{boot}/boot/v1/ipxe/boot.ipxe", timeout=10)
