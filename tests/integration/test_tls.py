@@ -176,6 +176,13 @@ def test_plain_port_serves_boot_files_only(tls_server: Server) -> None:
     api = httpx.Client(base_url=tls_server.url, verify=tls_server.verify(), headers=token, timeout=10)
     assert api.get("/api/v1/nodes").status_code == 200
     assert api.get("/boot/v1/ipxe/boot.ipxe").status_code == 200
+    # SIGTERM stops both ports, and the API's shutdown (the lifespan: leader work, workers) runs to its end
+    tls_server.stop()
+    log = tls_server.log.read_text() if tls_server.log else ""
+    assert "stops leading" in log and "Traceback" not in log
+    for port in (tls_server.port, tls_server.boot_port):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 def test_agent_reports_over_https_verified_against_the_ca(tls_server: Server, tmp_path: Path) -> None:
