@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,6 +222,59 @@ def test_bcm_hello_calls_back_over_https(tls_server: Server, tmp_path: Path) -> 
     inner = f"mount --bind {cmdline} /proc/cmdline && mount --bind {ssh_dir} /etc/ssh && exec {sys.executable} {hello}"
     r = subprocess.run(["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "the head node refused the callback (401)" in r.stderr, (r.stdout, r.stderr)
+
+
+def _start_agent(tmp_path: Path, name: str, config: dict[str, object]) -> tuple[subprocess.Popen[str], Path]:
+    """The agent zipapp as nodes run it (standard library only), with a fake NVML, logging to a file."""
+    from bcm.agent.bundle import build_bundle
+    from bcm.lab.fakegpu import RECORDED_NVML
+
+    bundle, cfg, log = tmp_path / f"{name}.pyz", tmp_path / f"{name}.json", tmp_path / f"{name}.log"
+    bundle.write_bytes(build_bundle())
+    cfg.write_text(json.dumps({**config, "interval_s": 1}))
+    cfg.chmod(0o600)
+    fake = str(RECORDED_NVML / "h100_sxm_565.json")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(bundle), "--config", str(cfg), "--fake", fake],
+                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return proc, log
+
+
+def _wait(what: str, check: object, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def test_a_real_agent_reports_over_https_only_with_the_ca(tls_server: Server, tmp_path: Path) -> None:
+    srv = tls_server
+    here = socket.gethostname().split(".")[0].lower()  # the agent reports for the host it runs on
+    ok(srv.cli("node", "add", f"{here},other01"))
+    tokens = {n: ok(srv.cli("node", "token", n)).strip().splitlines()[-1] for n in (here, "other01")}
+    api = httpx.Client(
+        base_url=srv.url, verify=srv.verify(), timeout=30, headers={"Authorization": f"Bearer {srv.token()}"}
+    )
+    ca = str(srv.state_dir / "tls" / "ca.crt")
+    trusted, trusted_log = _start_agent(
+        tmp_path, "a", {"server_url": srv.url, "token": tokens[here], "ca_file": ca}
+    )
+    untrusting, log = _start_agent(tmp_path, "b", {"server_url": srv.url, "token": tokens["other01"]})
+    try:
+        _wait("the agent's GPUs arrive", lambda: api.get(f"/api/v1/nodes/{here}/gpus").json(), 90)
+        assert any(g["uuid"].startswith("GPU-b42dd28e") for g in api.get(f"/api/v1/nodes/{here}/gpus").json())
+        _wait(
+            "the agent without bcm's CA refuses the server",
+            lambda: "CERTIFICATE_VERIFY_FAILED" in log.read_text(),
+        )
+        assert "server refused" not in log.read_text()  # it never reached the server: nothing was sent
+        assert "CERTIFICATE_VERIFY_FAILED" not in trusted_log.read_text()
+    finally:
+        for proc in (trusted, untrusting):
+            proc.terminate()
+            proc.wait(10)
 
 
 def _admin_pki(tmp_path: Path) -> tuple[Path, Path, Path, x509.Certificate]:
