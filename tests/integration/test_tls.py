@@ -337,6 +337,7 @@ def test_bad_tls_settings_are_one_line_at_start(tmp_path: Path) -> None:
         "not a PEM certificate",
     )
     assert not (tmp_path / "never").exists()  # nothing was started
+    failed_with(srv.cli("ca", "show", **never), "no CA in", "BCM_TLS__ENABLED=true")
     # the boot port taken: one line too
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
