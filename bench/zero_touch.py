@@ -138,7 +138,7 @@ def between(bench: Bench, count: int) -> None:
     """The manual chain's nodes go (their MACs come back as new machines); its VMs off."""
     bench.cli("lab", "vm-power", "off", "--name", LAB)
     bench.cli("wlm", "rm", MANUAL_CLUSTER)
-    bench.cli("node", "rm", f"{MANUAL}[01-{count:02d}]")
+    bench.cli("node", "rm", f"{MANUAL}[01-{count:02d}]", "--yes")
 
 
 def zero_touch(bench: Bench, count: int) -> tuple[dict[str, float], dict[str, str]]:

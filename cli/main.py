@@ -9,6 +9,7 @@ import typer
 
 from cli import (
     agent,
+    backup,
     ca,
     category,
     ha,
@@ -54,6 +55,8 @@ app.add_typer(tenancy.dept_app, name="dept")
 app.add_typer(tenancy.project_app, name="project")
 app.add_typer(tenancy.tenancy_app, name="tenancy")
 node.app.command("token")(agent.node_token)
+app.command("backup")(backup.backup)
+app.command("restore")(backup.restore)
 
 
 @app.callback()
