@@ -21,6 +21,7 @@ from bcm.api.app import create_app
 from bcm.api.bootport import BootOnly
 from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
+from bcm.errors import InvalidInput
 from bcm.pathsend import PathsendProtocol, set_min_rate, size_pool
 from bcm.services import auth, categories, tls
 from bcm.settings import Settings
@@ -118,12 +119,17 @@ def serve(settings: Settings) -> None:
         uvicorn.run(app, host=settings.host, port=settings.port, **options)
         return
     api = uvicorn.Config(app, host=settings.host, port=settings.port, ssl_certfile=str(server_tls.cert_file),
-                         ssl_keyfile=str(server_tls.key_file), **options)  # fmt: skip - one call
+                         ssl_keyfile=str(server_tls.key_file), ssl_ciphers=TLS12_CIPHERS, **options)  # fmt: skip - one call
     if not tls.is_admin_pair(settings):
         app.state.tls_renew = _renewer(settings, api, server_tls)
     api_url = tls.node_api_url(settings) or f"https://{settings.host}:{settings.port}"
     boot = uvicorn.Config(BootOnly(app, api_url), interface="asgi3", lifespan="off", **options)
     serve_pair(api, boot, boot_sock)
+
+
+# TLS 1.2 suites (1.3 has its own, all AEAD): forward-secret AEAD only. uvicorn's default ("TLSv1") offers a
+# TLS 1.2 client the CBC and SHA-1 suites of TLS 1.0's time.
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
 
 
 def _renewer(settings: Settings, api: uvicorn.Config, server_tls: tls.ServerTls) -> Callable[[], Awaitable[None]]:
@@ -157,8 +163,6 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        from bcm.errors import InvalidInput
-
         raise InvalidInput(f"setting BCM_TLS__BOOT_PORT: cannot listen on {host}:{port} ({exc.strerror})",
                            field="BCM_TLS__BOOT_PORT") from None  # fmt: skip - one raise
     sock.listen(2048)

@@ -120,6 +120,17 @@ def test_certificate_names_what_was_configured(tls_server: Server) -> None:
             pytest.raises(ssl.SSLCertVerificationError, match="mismatch|doesn't match"),
         ):
             context.wrap_socket(raw, server_hostname=name)
+    # a TLS 1.2 client gets a forward-secret AEAD suite (1.3's are all AEAD)
+    tls12 = ssl.create_default_context(cafile=str(ca_file))
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    tls12.set_ciphers("ALL:@SECLEVEL=0")  # offer everything, old suites included: the server chooses
+    with (
+        socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as raw,
+        tls12.wrap_socket(raw, server_hostname="bcm-head.test") as conn,
+    ):
+        suite = conn.cipher()
+        assert suite is not None and conn.version() == "TLSv1.2"
+        assert suite[0].startswith("ECDHE-") and ("GCM" in suite[0] or "CHACHA20" in suite[0]), suite
     der = ssl.get_server_certificate(("127.0.0.1", tls_server.port))
     served = x509.load_pem_x509_certificate(der.encode())
     basic = served.extensions.get_extension_for_class(x509.BasicConstraints).value
