@@ -57,7 +57,7 @@ def ca_file(settings: Settings) -> Path | None:
     user = user_ca_file()
     if user.exists():
         return user
-    local = settings.tls_dir / "ca.crt"  # on the head, as the server's user
+    local = settings.tls.ca_file or settings.tls_dir / "ca.crt"  # on the head, as the server's user
     return local if os.access(local, os.R_OK) else None
 
 

@@ -319,6 +319,8 @@ def test_admin_certificate_and_key(tmp_path: Path) -> None:
         ok(srv.cli("ca", "fetch", "--fingerprint", fp, **admin))
         ok(srv.cli("node", "add", "site01", **admin))
         assert json.loads(ok(srv.cli("node", "show", "site01", "--json", **admin)))["name"] == "site01"
+        # on the head, with the server's settings: the admin's CA file verifies it
+        assert json.loads(ok(srv.cli("node", "list", "--json")))[0]["name"] == "site01"
     finally:
         srv.stop()
 
