@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -33,10 +34,23 @@ class Server:
     host: str = "127.0.0.1"  # where it listens; clients always use loopback
     argv: list[str] = field(default_factory=lambda: list(BCM))  # the bcm it runs (an installed one: its bin/bcm)
     cwd: Path = REPO
+    tls: bool = False  # the API over https (BCM_TLS__ENABLED), boot files on boot_port
+    boot_port: int = field(default_factory=free_port)
+    ca_file: Path | None = None  # what start() verifies the API against (default: bcm's CA in the state dir)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def boot_url(self) -> str:
+        return f"http://127.0.0.1:{self.boot_port if self.tls else self.port}"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """How a test client verifies the API: bcm's CA (or ``ca_file``) over https."""
+        if not self.tls:
+            return True
+        return ssl.create_default_context(cafile=str(self.ca_file or self.state_dir / "tls" / "ca.crt"))
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BCM_")}
@@ -45,6 +59,8 @@ class Server:
         )
         if self.database_url:
             env["BCM_DATABASE_URL"] = self.database_url
+        if self.tls:
+            env.update(BCM_TLS__ENABLED="true", BCM_TLS__BOOT_PORT=str(self.boot_port))
         env.update(self.extra_env)
         env.update(extra)
         return env
@@ -65,9 +81,9 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"bcm serve exited: {self.log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify()).status_code == 200:
                     return
-            except httpx.HTTPError:
+            except (httpx.HTTPError, OSError):  # OSError: bcm's CA not written yet
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"bcm serve did not answer within 30 s: {self.log.read_text()[-2000:]}")

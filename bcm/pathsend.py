@@ -104,6 +104,16 @@ class PathsendProtocol(HttpToolsProtocol):
             cycle.send = _sender(cycle)  # type: ignore[method-assign]
         super()._start_asgi_task(cycle, app)
 
+    def shutdown(self) -> None:
+        """At shutdown an idle TLS connection is dropped at once: closing it politely waits for the client's
+        close_notify (asyncio's and uvloop's ssl_shutdown_timeout, 30 s), which an idle keep-alive client
+        never sends, and the server's shutdown (then its lifespan's) would wait for it."""
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self.transport.get_extra_info("sslcontext") is not None:
+            self.transport.abort()
+            return
+        super().shutdown()
+
 
 def _plain_socket(transport: Any) -> Any:
     if transport is None or transport.get_extra_info("sslcontext") is not None:

@@ -226,6 +226,28 @@ class OpsSettings(BaseModel):
     lease_s: float = Field(default=30.0, ge=0.5, le=3600)
 
 
+class TlsSettings(BaseModel):
+    """The API over https (``bcm.services.tls``). With ``enabled`` the API port speaks TLS with a certificate
+    bcm's own CA (``<state_dir>/tls/``) issues for this head's names and addresses, or the admin's
+    ``cert_file``/``key_file`` (with ``ca_file``, the CA that signed them, for ``bcm ca fetch`` and nodes);
+    the boot files iPXE and the boot image fetch stay plain HTTP, on ``boot_port`` only."""
+
+    enabled: bool = False
+    boot_port: int = Field(default=8471, ge=1, le=65535)  # plain HTTP, /boot/... only, while TLS is on
+    # names and addresses the certificate names besides localhost, 127.0.0.1, ::1, the host's own names,
+    # the listen address and the PXE address (comma-separated)
+    names: str = Field(default="", max_length=4096, pattern=r"^[0-9A-Za-z.:_*, -]*$")
+    cert_file: Path | None = None  # the admin's certificate (PEM, may carry its chain) instead of bcm's CA
+    key_file: Path | None = None  # its private key (PEM, unencrypted), readable by bcm only
+    ca_file: Path | None = None  # the CA behind cert_file, published for `bcm ca fetch` and the nodes
+    # the https URL nodes' agents reach the API at (default: https://<pxe address or host>:<port>)
+    api_url: str | None = Field(default=None, max_length=200, pattern=r"^https://")
+
+    @property
+    def extra_names(self) -> list[str]:
+        return [n.strip() for n in self.names.split(",") if n.strip()]
+
+
 class Settings(BaseSettings):
     """Everything configurable about the head-node server and the CLI."""
 
@@ -237,6 +259,8 @@ class Settings(BaseSettings):
     database_url: str | None = None
     log_level: str = "info"
     log_format: str = "text"  # or "json": one JSON object a line (bcm.logs)
+    # the CLI: the CA an https server is verified against (`bcm ca fetch` stores it; default ~/.config/bcm/ca.pem)
+    ca_cert: Path | None = None
     ssh: SshSettings = SshSettings()
     health: HealthSettings = HealthSettings()
     pxe: PxeSettings = PxeSettings()
@@ -248,6 +272,7 @@ class Settings(BaseSettings):
     ha: HaSettings = HaSettings()
     wlm: WlmSettings = WlmSettings()
     ops: OpsSettings = OpsSettings()
+    tls: TlsSettings = TlsSettings()
 
     @field_validator("log_level")
     @classmethod
@@ -279,6 +304,11 @@ class Settings(BaseSettings):
     def images_dir(self) -> Path:
         """Published image versions, ``<name>/<version>/``, and ``.staging/`` for builds in progress."""
         return self.state_dir / "images"
+
+    @property
+    def tls_dir(self) -> Path:
+        """bcm's API CA (``ca.crt``, ``ca.key``) and the server certificate it issued."""
+        return self.state_dir / "tls"
 
     @property
     def ssh_key_file(self) -> Path:

@@ -10,6 +10,7 @@ import typer
 from cli import (
     agent,
     backup,
+    ca,
     category,
     ha,
     health,
@@ -49,6 +50,7 @@ app.add_typer(power.app, name="power")
 app.add_typer(image.app, name="image")
 app.add_typer(pxe.app, name="pxe")
 app.add_typer(service.app, name="service")
+app.add_typer(ca.app, name="ca")
 app.add_typer(tenancy.dept_app, name="dept")
 app.add_typer(tenancy.project_app, name="project")
 app.add_typer(tenancy.tenancy_app, name="tenancy")

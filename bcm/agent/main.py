@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -26,7 +28,15 @@ import bcm
 from bcm.agent import schema
 from bcm.agent.collector import KmsgReader, XidWatcher, collect, utc_iso
 from bcm.agent.nvml import NvmlBackend, NvmlError, RealNvml
-from bcm.agent.reporter import DEFAULT_CONFIG_PATH, AgentConfig, ConfigError, Reporter, SendError, post_json
+from bcm.agent.reporter import (
+    DEFAULT_CONFIG_PATH,
+    AgentConfig,
+    ConfigError,
+    Reporter,
+    SendError,
+    opener_for,
+    post_json,
+)
 
 log = logging.getLogger("bcm.agent")
 
@@ -215,10 +225,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bcm-agent: {exc}", file=sys.stderr)
         return 2
+    try:
+        opener = opener_for(config.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"bcm-agent: cannot read ca_file {config.ca_file}: {exc}", file=sys.stderr)
+        return 2
+    send = functools.partial(post_json, opener=opener)
     if config.push_facts:
-        push_facts(config)
+        push_facts(config, send=send)
     reporter = Reporter(
-        config.server_url, config.token, buffer_max=config.buffer_max, timeout_s=config.timeout_s
+        config.server_url, config.token, buffer_max=config.buffer_max, timeout_s=config.timeout_s, send=send
     )
     agent = Agent(config, backend, reporter)
 

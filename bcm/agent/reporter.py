@@ -1,7 +1,8 @@
 """Send reports to the head node: stdlib HTTP, a bounded buffer while the server is away, the agent loop.
 
 Reports are POSTed as JSON to ``{server_url}/boot/v1/agent/report`` with ``Authorization: Bearer
-<node token>``. A report that cannot be delivered (connection refused, timeout, 5xx, 408, 429) stays in
+<node token>``; over https the server is verified against ``ca_file`` (bcm's CA, from the node's overlay or
+the agent deploy), else the system's CAs. A report that cannot be delivered (connection refused, timeout, 5xx, 408, 429) stays in
 a bounded buffer and is retried oldest first; when the buffer is full the oldest report is dropped. A
 report the server refuses outright (other 4xx) is dropped at once: resending it would never succeed.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import stat
 import time
 import urllib.error
@@ -32,6 +34,13 @@ _RETRYABLE_STATUS = frozenset({408, 429})
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+def opener_for(ca_file: str | None) -> urllib.request.OpenerDirector:
+    """No proxy; https verified (chain and host name) against ``ca_file``, or the system's CAs without one.
+    Raises OSError or ssl.SSLError when the file cannot be read as certificates."""
+    context = ssl.create_default_context(cafile=ca_file)
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+
+
 class ConfigError(Exception):
     """The agent's configuration file is missing, unsafe or malformed."""
 
@@ -48,6 +57,7 @@ class AgentConfig:
     timeout_s: float = 10.0
     kmsg: bool | None = None  # None: read the kernel log only where NVML events are unavailable
     push_facts: bool = False  # at start, send this machine's hardware facts (a node bcm booted: no SSH round)
+    ca_file: str | None = None  # the CA an https server_url is verified against (else the system's)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CONFIG_PATH) -> AgentConfig:
@@ -72,7 +82,7 @@ class AgentConfig:
     def from_dict(cls, data: Any, *, source: str = "config") -> AgentConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object")
-        known = {"server_url", "token", "interval_s", "expected_gpus", "buffer_max", "timeout_s", "kmsg", "push_facts"}
+        known = {"server_url", "token", "interval_s", "expected_gpus", "buffer_max", "timeout_s", "kmsg", "push_facts", "ca_file"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown keys {unknown}; known: {sorted(known)}")
@@ -81,6 +91,8 @@ class AgentConfig:
                 raise ConfigError(f"{source}: {key!r} must be a non-empty string")
         if not data["server_url"].startswith(("http://", "https://")):
             raise ConfigError(f"{source}: server_url must start with http:// or https://")
+        if data.get("ca_file") is not None and (not isinstance(data["ca_file"], str) or not data["ca_file"]):
+            raise ConfigError(f"{source}: 'ca_file' must be a non-empty string (a PEM file)")
         try:
             config = cls(
                 server_url=data["server_url"].rstrip("/"),
@@ -91,6 +103,7 @@ class AgentConfig:
                 timeout_s=float(data.get("timeout_s", 10.0)),
                 kmsg=data.get("kmsg"),
                 push_facts=data.get("push_facts", False) is True,
+                ca_file=data.get("ca_file"),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -107,7 +120,9 @@ class SendError(Exception):
         self.retryable = retryable
 
 
-def post_json(url: str, token: str, body: bytes, timeout_s: float) -> int:
+def post_json(
+    url: str, token: str, body: bytes, timeout_s: float, opener: urllib.request.OpenerDirector = _OPENER
+) -> int:
     """POST ``body`` and return the HTTP status; raises :class:`SendError` when it did not arrive."""
     request = urllib.request.Request(  # noqa: S310 - the scheme is checked when the config is loaded
         url,
@@ -116,7 +131,7 @@ def post_json(url: str, token: str, body: bytes, timeout_s: float) -> int:
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             response.read(65_536)
             return int(response.status)
     except urllib.error.HTTPError as exc:

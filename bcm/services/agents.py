@@ -28,7 +28,7 @@ from bcm.models.auth import ApiToken, Role
 from bcm.models.base import utcnow
 from bcm.models.gpu import Gpu
 from bcm.models.node import Node
-from bcm.services import auth, events
+from bcm.services import auth, events, tls
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
 from bcm.settings import Settings
@@ -43,6 +43,7 @@ FIXTURE_PATH = "/etc/bcm/nvml-fixture.json"
 PIDFILE = "/run/bcm-agent.pid"
 LOGFILE = "/var/log/bcm-agent.log"
 UNIT_PATH = "/etc/systemd/system/bcm-agent.service"
+CA_PATH = "/etc/bcm/ca.pem"  # bcm's API CA, pushed over the pinned SSH connection with an https server_url
 
 
 def _revoke_node_tokens(session: Session, node_id: int, keep: int | None = None) -> None:
@@ -152,16 +153,24 @@ def start_script(with_fixture: bool) -> tuple[str, bytes]:
     return script, SUPERVISOR.format(**fmt).encode()
 
 
-def agent_config(spec: DeploySpec, secret: str, expected_gpus: int | None) -> bytes:
-    return json.dumps(
-        {
-            "server_url": spec.server_url.rstrip("/"),
-            "token": secret,
-            "interval_s": spec.interval_s,
-            "expected_gpus": expected_gpus,
-        },
-        indent=2,
-    ).encode()
+def agent_config(spec: DeploySpec, secret: str, expected_gpus: int | None, *, with_ca: bool = False) -> bytes:
+    config: dict[str, Any] = {
+        "server_url": spec.server_url.rstrip("/"),
+        "token": secret,
+        "interval_s": spec.interval_s,
+        "expected_gpus": expected_gpus,
+    }
+    if with_ca:
+        config["ca_file"] = CA_PATH
+    return json.dumps(config, indent=2).encode()
+
+
+def ca_for(settings: Settings, spec: DeploySpec) -> bytes | None:
+    """The CA an agent with an https ``server_url`` verifies bcm against, where bcm publishes one."""
+    if not (settings.tls.enabled and spec.server_url.startswith("https://")):
+        return None
+    path = tls.published_ca(settings)
+    return path.read_bytes() if path is not None else None
 
 
 def check_spec(spec: DeploySpec) -> None:
@@ -199,13 +208,18 @@ def _plan(
     return plans, missing
 
 
-async def _deploy_one(client: ssh.SshClient, plan: _Plan, spec: DeploySpec, bundle: bytes) -> ssh.HostResult:
+async def _deploy_one(
+    client: ssh.SshClient, plan: _Plan, spec: DeploySpec, bundle: bytes, ca: bytes | None
+) -> ssh.HostResult:
     script, supervisor = start_script(spec.nvml_fixture is not None)
+    config = agent_config(spec, plan.secret, plan.expected_gpus, with_ca=ca is not None)
     files: dict[str, bytes | ssh.RemoteFile] = {
         BUNDLE_PATH: ssh.RemoteFile(bundle, 0o755),
         SUPERVISOR_PATH: ssh.RemoteFile(supervisor, 0o755),
-        CONFIG_PATH: ssh.RemoteFile(agent_config(spec, plan.secret, plan.expected_gpus), 0o600),
+        CONFIG_PATH: ssh.RemoteFile(config, 0o600),
     }
+    if ca is not None:
+        files[CA_PATH] = ssh.RemoteFile(ca, 0o644)
     if spec.nvml_fixture is not None:
         files[FIXTURE_PATH] = ssh.RemoteFile(json.dumps(spec.nvml_fixture).encode(), 0o600)
     put = await client.put_files(plan.target, files)
@@ -245,6 +259,7 @@ async def deploy(
         bundle = build_bundle(include_pynvml=True)
     except FileNotFoundError:
         bundle = build_bundle(include_pynvml=False)
+    ca = ca_for(settings, spec)
     plans, missing = await anyio.to_thread.run_sync(_plan, engine, settings, names, actor)
 
     def record(results: dict[str, dict[str, Any]], finish: bool = False) -> None:
@@ -267,7 +282,7 @@ async def deploy(
 
     async def one(plan: _Plan) -> None:
         async with limit:
-            result = await _deploy_one(client, plan, spec, bundle)
+            result = await _deploy_one(client, plan, spec, bundle, ca)
         entry = await anyio.to_thread.run_sync(_settle, engine, plan, result, actor)
         async with recording:
             await anyio.to_thread.run_sync(record, {plan.name: entry})

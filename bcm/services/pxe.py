@@ -50,7 +50,7 @@ from bcm.models.pxe import (
     PxeConfig,
     PxeConfigUpdate,
 )
-from bcm.services import events
+from bcm.services import events, tls
 from bcm.services import images as image_svc
 from bcm.services import nodes as node_svc
 from bcm.services import secrets as secret_svc
@@ -61,6 +61,7 @@ ACTOR = "bcm:pxe"
 TOKEN_PREFIX = "bcmboot_"  # noqa: S105 - a prefix, not a secret
 DISCOVERED_PREFIX = "mac-"
 LOCAL_BOOT_MODES = frozenset({"local", "disk"})
+NODE_CA_PATH = "/etc/bcm/ca.pem"  # bcm's API CA on a booted node (its overlay); the agent verifies against it
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,11 @@ class BootScript:
 
 
 def server_url(settings: Settings) -> str:
-    """How nodes reach bcm over HTTP."""
+    """How nodes reach bcm's boot files over HTTP (while the API speaks TLS: the plain boot port)."""
     if settings.pxe.server_url:
         return settings.pxe.server_url.rstrip("/")
     host = settings.pxe.address or settings.host
-    return f"http://{host}:{settings.port}"
+    return f"http://{host}:{settings.tls.boot_port if settings.tls.enabled else settings.port}"
 
 
 def hash_token(token: str) -> str:
@@ -688,8 +689,10 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None, p
         .where(col(Interface.ip).is_not(None), Node.provision_state != State.DISCOVERED.value)
         .order_by(col(Node.name)).limit(10000)
     ).all()  # fmt: skip
+    ca = tls.published_ca(settings) if settings.tls.enabled else None
     ctx: dict[str, Any] = {"node": node.name, "server_url": server_url(settings), "head": settings.pxe.address,
-                           "hosts": [(n, ip) for n, ip in hosts]}  # fmt: skip
+                           "hosts": [(n, ip) for n, ip in hosts], "api_url": tls.node_api_url(settings),
+                           "ca_file": NODE_CA_PATH if ca else None}  # fmt: skip - a dict literal kept compact
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for d in ("etc", "etc/ssh", "etc/ssh/sshd_config.d", "etc/bcm", "etc/systemd", "etc/systemd/system",
@@ -706,6 +709,8 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None, p
              0o644)  # fmt: skip
         _add(tar, "root/.ssh/authorized_keys", f"{head_key}\n".encode(), 0o600)
         _add(tar, "etc/bcm/node.json", json.dumps({"node": node.name, "server_url": ctx["server_url"]}).encode(), 0o644)
+        if ca is not None:  # the CA the node's callback and agent verify the API against
+            _add(tar, NODE_CA_PATH.lstrip("/"), ca.read_bytes(), 0o644)
         _add(tar, "usr/local/sbin/bcm-hello", render("overlay/usr/local/sbin/bcm-hello.j2", **ctx).encode(), 0o755)
         _add(tar, "etc/systemd/system/bcm-hello.service",
              render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx).encode(), 0o644)  # fmt: skip

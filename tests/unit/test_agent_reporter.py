@@ -299,11 +299,19 @@ def test_config_readable_by_others_is_refused(tmp_path: Path, mode: int) -> None
         ({"server_url": "http://127.0.0.1:1", "token": "t", "interval": 5}, "unknown keys"),
         ({"server_url": "http://127.0.0.1:1", "token": "t", "interval_s": 0}, "must be > 0"),
         ({"server_url": "http://127.0.0.1:1", "token": "t", "buffer_max": "many"}, "invalid literal"),
+        ({"server_url": "https://127.0.0.1:1", "token": "t", "ca_file": ""}, "ca_file"),
+        ({"server_url": "https://127.0.0.1:1", "token": "t", "ca_file": 7}, "ca_file"),
     ],
 )
 def test_bad_config_is_refused_with_a_reason(tmp_path: Path, data: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         AgentConfig.load(write_config(tmp_path, data))
+
+
+def test_config_names_the_ca_an_https_server_is_verified_against(tmp_path: Path) -> None:
+    data = {"server_url": "https://198.18.0.1:8470", "token": TOKEN, "ca_file": "/etc/bcm/ca.pem"}
+    assert AgentConfig.load(write_config(tmp_path, data)).ca_file == "/etc/bcm/ca.pem"
+    assert AgentConfig.from_dict({"server_url": "https://198.18.0.1:8470", "token": TOKEN}).ca_file is None
 
 
 def test_missing_config_is_refused(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@
 - ``GET /boot/v1/overlay/{mac}``: the node's own files (host key, hostname, hosts, callback), with its
   one-time boot token as the bearer token, only from the address the boot is bound to;
 - ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once, from that address);
-- ``POST /boot/v1/failed``: the image's init could not boot: with that token, the node fails at once.
+- ``POST /boot/v1/failed``: the image's init could not boot: with that token, the node fails at once;
+- ``GET /boot/v1/ca.pem``: bcm's API CA certificate while TLS is on (public; ``bcm ca fetch`` checks its
+  fingerprint before trusting it).
 
 The client address is the socket's (``request.client``), never a header. A failed boot-token check is
 counted against the client (``auth_failures``: a 429 once over the limit); a valid token is checked first
@@ -28,7 +30,7 @@ from bcm.api.deps import bearer
 from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
 from bcm.drivers import dnsmasq
-from bcm.errors import Forbidden, InvalidInput, Unauthorized
+from bcm.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from bcm.models.pxe import BootFailure, DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
 from bcm.services import pxe as svc
 
@@ -51,6 +53,15 @@ def _peer(request: Request) -> str | None:
 
 
 SCRIPT: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {}}, "description": "an iPXE script"}}
+
+
+@router.get("/ca.pem", response_class=Response, responses={200: {"content": {"application/x-pem-file": {}}}})
+def ca_certificate(request: Request) -> Response:
+    """The CA certificate the API's certificate chains to (404 while TLS is off or the CA is the admin's own)."""
+    pem: bytes | None = getattr(request.app.state, "ca_pem", None)
+    if pem is None:
+        raise NotFound("no CA is published here: the API does not speak TLS with a CA bcm knows")
+    return Response(pem, media_type="application/x-pem-file", headers={"Cache-Control": "no-store"})
 
 
 @router.get("/ipxe/boot.ipxe", response_class=Response, responses=SCRIPT)

@@ -12,6 +12,7 @@ from bcm.api.params import Name
 from bcm.domain.naming import expand_hostlist
 from bcm.errors import InvalidInput
 from bcm.services import agents as svc
+from bcm.services import tls
 from bcm.workers.runner import Runner
 
 router = APIRouter(tags=["agents"])
@@ -45,12 +46,15 @@ def node_token(name: Name, session: SessionDep, token: Admin) -> NodeTokenCreate
 @router.post("/agents/deploy", response_model=AgentDeployStarted, status_code=status.HTTP_202_ACCEPTED)
 async def deploy_agents(body: AgentDeployRequest, request: Request, token: Admin) -> AgentDeployStarted:
     settings = request.app.state.settings
-    url = body.server_url or settings.pxe.server_url
+    # with TLS on, agents report over https (verified against bcm's CA, pushed with the agent)
+    url = body.server_url or tls.node_api_url(settings) or settings.pxe.server_url
     if not url:
         raise InvalidInput(
             "server_url: say which URL the nodes reach bcm at (or set BCM_PXE__SERVER_URL)",
             field="server_url",
         )
+    if settings.tls.enabled and not url.startswith("https://"):
+        raise InvalidInput("server_url: the API speaks TLS here; agents report to an https:// URL", field="server_url")
     spec = svc.DeploySpec(url, body.interval_s or settings.health.interval_s, body.nvml_fixture)
     svc.check_spec(spec)
     names = expand_hostlist(body.nodes, "nodes")

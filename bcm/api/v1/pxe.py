@@ -50,4 +50,7 @@ async def configure(body: PxeConfigUpdate, request: Request, token: Admin) -> Px
 
     settings.pxe = await anyio.to_thread.run_sync(store)  # committed: now serve it
     await provision.reconfigure(request.app)
+    renew = getattr(request.app.state, "tls_renew", None)
+    if renew is not None:  # TLS with bcm's CA: the certificate names the new PXE address from now on
+        await renew()
     return _status(request, "api")
