@@ -10,6 +10,7 @@ is never sent: a 404 or 500 and an event, so a half-written file is not presente
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from typing import Annotated, Any
@@ -25,6 +26,8 @@ from bcm.services import events
 from bcm.services import images as svc
 
 router = APIRouter(prefix="/boot/v1/images", tags=["boot"])
+# artifact downloads this process started, by kind (kernel, initramfs, rootfs): bcm_boot_artifact_fetches_total
+FETCHES: collections.Counter[str] = collections.Counter()
 Version = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
 Filename = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 
@@ -141,6 +144,8 @@ def artifact(name: Name, version: Version, filename: Filename, request: Request,
     transfers = _transfers(request)
     client = request.client.host if request.client else "unknown"
     transfers.enter(client)
+    if request.method == "GET":
+        FETCHES[art.kind] += 1  # /metrics: a node booted from its disk fetches none (#30)
     conf = request.app.state.settings.images
     return CountedFile(
         path,
