@@ -340,7 +340,7 @@ def render_plan(
     for point, dev, fs in mounts:
         if point == "/":
             root = dev
-        fstab.append(f"{dev} {point} {fs} defaults 0 {1 if point == '/' else 2}")
+        fstab.append(f"{dev} {point} {fs} defaults 0 0")  # no fsck at boot: the installer made them
     lines.append(f"BCM_DISKS={q(' '.join(str(c.index) for c in chosen))}")
     lines.append(f"BCM_GRUB_DISKS={q(' '.join(c.device for c in chosen))}")
     lines.append(f"BCM_ROOT={q(root)}")

@@ -58,6 +58,9 @@ INITRAMFS_MODULES = (
     "squashfs",
     "overlay",
     "loop",
+    # an installed disk's root (#30): bcm's initramfs boots it too (bcm.disk=<device>)
+    "ext4",
+    "xfs",
 )
 # Left out of rootfs.squashfs (mksquashfs -wildcards, relative to the tree): Debian's own initrds,
 # downloaded packages and apt lists (a node runs apt-get update before it installs anything).

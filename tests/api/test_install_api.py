@@ -170,7 +170,7 @@ def test_install_boot_then_disk_boot(api: TestClient, engine: Any, settings: Any
     assert node(api, "n01")["install_state"] is None
     plan = api.get(f"/boot/v1/install/{MAC}", headers=auth)
     assert plan.status_code == 200, plan.text
-    assert "BCM_MODE=full" in plan.text and "BCM_ROOT=/dev/vda2" in plan.text and "/dev/vda4 /scratch xfs" in plan.text
+    assert "BCM_MODE=full" in plan.text and "BCM_ROOT=/dev/vda2" in plan.text and "/dev/vda4 /scratch xfs defaults" in plan.text
     layout_hash = next(line.split("=", 1)[1] for line in plan.text.splitlines() if line.startswith("BCM_LAYOUT="))
     assert node(api, "n01")["install_state"] == "installing"
     # a power cut here: the next boot installs again (never local on a half-written disk)
