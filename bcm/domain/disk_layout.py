@@ -351,8 +351,15 @@ def render_plan(
     lines.append('        eval "disk=\\$BCM_DISK_$i; script=\\$BCM_SFDISK_$i"')
     lines.append('        T wipefs -a -q "$disk" >/dev/null 2>&1')
     lines.append('        printf "%s" "$script" | T sfdisk -q -w always -W always "$disk" || fail "sfdisk $disk"')
+    lines.append('        T blockdev --rereadpt "$disk" >/dev/null 2>&1; T partx -u "$disk" >/dev/null 2>&1')
     lines.append("    done")
-    lines.append("    T udevadm settle >/dev/null 2>&1; sleep 1")
+    lines.append("    T udevadm settle >/dev/null 2>&1")
+    waits = [partition_device(c.device, p) for c in chosen
+             for p in range(FIRST_PARTITION, FIRST_PARTITION + len(layout.disks[c.index].partitions))]  # fmt: skip
+    lines.append(f"    for dev in {' '.join(waits)}; do")
+    lines.append('        n=0; while [ ! -b "$dev" ] && [ "$n" -lt 30 ]; do sleep 1; n=$((n + 1)); done')
+    lines.append('        [ -b "$dev" ] || fail "no partition $dev after sfdisk"')
+    lines.append("    done")
     lines.extend("    " + a for a in arrays)
     lines.extend("    " + m for m in mkfs)
     lines.append("    :")
