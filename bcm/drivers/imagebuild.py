@@ -58,8 +58,10 @@ INITRAMFS_MODULES = (
     "squashfs",
     "overlay",
     "loop",
-    # an installed disk's root (#30): bcm's initramfs boots it too (bcm.disk=<device>)
+    # install to disk (#30): the layout's filesystems mounted by the installer, and an installed root booted
+    # (bcm.disk=<device>); libcrc32c (xfs) finds its crc32c through the crypto API, a dependency modules.dep lacks
     "ext4",
+    "crc32c_generic",
     "xfs",
 )
 # Left out of rootfs.squashfs (mksquashfs -wildcards, relative to the tree): Debian's own initrds,
