@@ -98,5 +98,5 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     assert fetches(f) == before, (before, fetches(f))
     # this boot's console: bcm's initramfs mounted the disk's root (GRUB's bcm.disk=) and fetched nothing
     console = serial(f)
-    assert "booting the system installed on /dev/vda2" in console and "fetching" not in console, console
+    assert "booting the system installed on /dev/vda2" in console and "bcm-init: fetching" not in console, console
     print(json.dumps({k: node[k] for k in ("installed_image", "install_bytes", "booted_from")}))
