@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+import yaml
 
 from cli.common import JsonOpt, client
-from cli.render import emit_json, kv, out, table
+from cli.render import emit_json, err, kv, out, table
 
 app = typer.Typer(
     help="Categories: defaults (image, kernel args, WLM role) that nodes inherit.", no_args_is_help=True
@@ -101,6 +103,44 @@ def set_category(
               auto_provision=auto_provision, wlm_cluster=wlm_cluster),  # fmt: skip
     )
     out.print(f"updated category {name}")
+
+
+Mode = Annotated[str | None, typer.Option("--mode", help="stateless, full, auto or nosync (#30)")]
+
+
+@app.command("install")
+def install(
+    name: str,
+    mode: Mode = None,
+    layout: Annotated[
+        Path | None, typer.Option(help="the disk layout: a YAML or JSON file (see README, Install to disk)")
+    ] = None,
+    clear_layout: Annotated[bool, typer.Option("--clear-layout", help="remove the category's disk layout")] = False,
+    confirm_wipe: Annotated[bool, typer.Option(help="admin: data nodes among the members may be wiped (once)")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set (or show) the members' install mode and disk layout, checked against their inventoried disks."""
+    body: dict[str, Any] = {}
+    if mode is not None:
+        body["install_mode"] = mode
+    if layout is not None:
+        try:
+            body["disk_layout"] = yaml.safe_load(layout.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            err.print(f"error: --layout {layout.name}: {why}", soft_wrap=True)
+            raise typer.Exit(2) from None
+    elif clear_layout:
+        body["disk_layout"] = None
+    if confirm_wipe:
+        body["confirm_wipe"] = True
+    c = client()
+    cat = c.put(f"/api/v1/categories/{name}/install", body) if body else c.get(f"/api/v1/categories/{name}")
+    if as_json:
+        emit_json({"install_mode": cat["install_mode"], "disk_layout": cat["disk_layout"]})
+        return
+    kv(name, [("install mode", cat["install_mode"] or "stateless (default)"),
+              ("disk layout", yaml.safe_dump(cat["disk_layout"], sort_keys=False).strip() if cat["disk_layout"] else None)])  # fmt: skip
 
 
 @app.command("rm")

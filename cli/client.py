@@ -125,6 +125,9 @@ class Client:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body)
 
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, json=body)
+
     def patch(self, path: str, body: Any) -> Any:
         return self.request("PATCH", path, json=body)
 

@@ -65,6 +65,9 @@ def up(
             "category holds (zero-touch); otherwise each BMC gets its own",
         ),
     ] = False,
+    disk: Annotated[
+        str | None, typer.Option(help="each VM gets a blank disk of this size (8G): a qcow2 in the lab's state dir")
+    ] = None,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
     heads: Annotated[
@@ -107,6 +110,17 @@ def up(
         raise CliError("--database-url goes with --heads N (the SSH nodes use no database)")
     subnet = subnet or "198.18.0.0/24"
 
+    disk_bytes = None
+    if disk is not None:
+        from bcm.lab import LabError as _LabError
+        from bcm.lab.vm import parse_disk_size
+
+        if not vms:
+            raise CliError("--disk goes with --vms N")
+        try:
+            disk_bytes = parse_disk_size(disk)
+        except _LabError as exc:
+            raise CliError(exc.message) from None
     vm_password = None
     if vm_bmc_password_stdin:
         from cli.power import _read_password
@@ -118,7 +132,8 @@ def up(
     keys = [c.get("/api/v1/ssh/public-key")["public_key"]] if c else []
     lab = _lab(state_dir, name, subnet)
     try:
-        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True, vms=vms, vm_bmc_password=vm_password)
+        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True, vms=vms, vm_bmc_password=vm_password,
+                           vm_disk_bytes=disk_bytes)  # fmt: skip
     except LabError as exc:
         raise CliError(exc.message) from None
     if not accounting.mariadb_installed():

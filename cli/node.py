@@ -109,6 +109,8 @@ def show(name: str, as_json: JsonOpt = False) -> None:
             ("wlm", node["wlm_state"]),
             ("power", node.get("power_state")),
             ("running image", node.get("running_image")),
+            ("installed", _installed(node)),
+            ("runs", f"{node['booted_image']} from {node['booted_from']}" if node.get("booted_image") else None),
             ("bmc", " ".join(filter(None, [node.get("bmc_address"), node["effective"].get("bmc_protocol")])) or None),
             ("last error", node["last_error"]),
             *[(f"effective {k}", v) for k, v in node["effective"].items()],
@@ -201,6 +203,56 @@ def set_node(
     for name in names:
         c.patch(f"/api/v1/nodes/{name}", body)
     out.print(f"updated {len(names)} node(s)")
+
+
+def _installed(node: dict[str, Any]) -> str | None:
+    """What the node's disk holds (#30): image:version and its state, or nothing."""
+    if not node.get("install_state"):
+        return None
+    what = node.get("installed_image") or "-"
+    when = f", {str(node['installed_at'])[:19]}" if node.get("installed_at") else ""
+    return f"{what} ({node['install_state']}{when})"
+
+
+@app.command("install")
+def install(
+    name: str,
+    mode: Annotated[str | None, typer.Option("--mode", help="stateless, full, auto or nosync (#30)")] = None,
+    inherit: Annotated[bool, typer.Option("--inherit", help="use the category's mode again")] = False,
+    next_mode: Annotated[str | None, typer.Option("--next", help="the mode of the next boot only")] = None,
+    data_node: Annotated[
+        bool | None, typer.Option("--data-node/--no-data-node", help="a data node refuses full without --confirm-wipe")
+    ] = None,
+    confirm_wipe: Annotated[bool, typer.Option(help="admin: this data node may be wiped (once)")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set (or show) the node's install mode: what its disk holds and what it runs."""
+    body: dict[str, Any] = {}
+    if mode is not None:
+        body["install_mode"] = mode
+    elif inherit:
+        body["install_mode"] = None
+    if next_mode is not None:
+        body["next_install_mode"] = next_mode
+    if data_node is not None:
+        body["data_node"] = data_node
+    if confirm_wipe:
+        body["confirm_wipe"] = True
+    c = client()
+    node = c.put(f"/api/v1/nodes/{name}/install", body) if body else c.get(f"/api/v1/nodes/{name}")
+    fields = ("install_mode", "next_install_mode", "data_node", "wipe_confirmed", "install_state", "installed_image",
+              "installed_at", "install_bytes", "booted_image", "booted_from")  # fmt: skip
+    if as_json:
+        emit_json({"effective_install_mode": node["effective"]["install_mode"], **{f: node.get(f) for f in fields}})
+        return
+    kv(name, [
+        ("install mode", node["effective"]["install_mode"] + ("" if node["install_mode"] else " (inherited)")),
+        ("next boot", node["next_install_mode"]),
+        ("data node", "yes" + (" (wipe confirmed)" if node["wipe_confirmed"] else "") if node["data_node"] else None),
+        ("installed", _installed(node)),
+        ("last install wrote", f"{node['install_bytes']} bytes" if node.get("install_bytes") is not None else None),
+        ("runs", f"{node['booted_image']} from {node['booted_from']}" if node.get("booted_image") else None),
+    ])  # fmt: skip
 
 
 @app.command("rm")

@@ -21,6 +21,8 @@ BOOT_ROUTES = (
     "/boot/v1/overlay/",  # the node's own files, for its one-time boot token only
     "/boot/v1/discover",  # the discovery image's facts (no secret in or out)
     "/boot/v1/failed",  # the image's init could not boot (one-time token)
+    "/boot/v1/install/",  # the install-to-disk plan (one-time token; no secret in it)
+    "/boot/v1/installed",  # the init installed the image to disk (one-time token)
     CA_PATH,  # the public CA certificate
 )
 

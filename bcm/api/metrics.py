@@ -5,7 +5,8 @@ Series keep dcgm-exporter's names (``DCGM_FI_DEV_GPU_TEMP``, ``DCGM_FI_DEV_POWER
 ``Hostname``), so its Grafana dashboards work unchanged; the values are the latest each agent reported.
 All are gauges, as dcgm-exporter's ECC and Xid fields are point readings (reset with the GPU). bcm adds
 ``bcm_gpu_health`` and ``bcm_node_health`` (0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL), the report age and bcm's drains,
-and counters of the boot artifacts this process sent (``bcm_boot_artifact_bytes_total{way}``, ``…_aborted_total``)
+and counters of the boot artifacts this process sent (``bcm_boot_artifact_bytes_total{way}``, ``…_aborted_total``,
+``…_fetches_total{kind}``)
 and of the health reports it wrote (``bcm_health_ingest_reports_total``, ``…_batches_total``, ``…_waiting``,
 ``…_capacity``, ``…_refused_total``). For alerting on bcm itself: ``bcm_nodes{state}`` and
 ``bcm_operations{state}`` (rows in the database, the same on every server and shard: alert on their max),
@@ -127,7 +128,15 @@ class BootCollector(Collector):
             "bcm_boot_artifact_aborted", "Boot-artifact downloads cut short (client gone or stalled)."
         )
         aborted.add_metric([], float(pathsend.stats.aborted))
-        yield from (sent, aborted)
+        from bcm.api.boot.images import FETCHES
+
+        fetches = CounterMetricFamily(
+            "bcm_boot_artifact_fetches", "Boot-artifact downloads started, by kind (kernel, initramfs, rootfs).",
+            labels=["kind"],
+        )
+        for kind in ("kernel", "initramfs", "rootfs"):
+            fetches.add_metric([kind], float(FETCHES[kind]))
+        yield from (sent, aborted, fetches)
 
 
 class IngestCollector(Collector):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-INHERITED_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "bmc_protocol", "bmc_user")
+INHERITED_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "bmc_protocol", "bmc_user", "install_mode")
 DEFAULTS: dict[str, Any] = {
     "image": None,
     "kernel_args": "",
@@ -13,6 +13,7 @@ DEFAULTS: dict[str, Any] = {
     "boot_mode": "pxe",
     "bmc_protocol": None,
     "bmc_user": None,
+    "install_mode": "stateless",
 }
 
 

@@ -58,6 +58,11 @@ INITRAMFS_MODULES = (
     "squashfs",
     "overlay",
     "loop",
+    # install to disk (#30): the layout's filesystems mounted by the installer, and an installed root booted
+    # (bcm.disk=<device>); libcrc32c (xfs) finds its crc32c through the crypto API, a dependency modules.dep lacks
+    "ext4",
+    "crc32c_generic",
+    "xfs",
 )
 # Left out of rootfs.squashfs (mksquashfs -wildcards, relative to the tree): Debian's own initrds,
 # downloaded packages and apt lists (a node runs apt-get update before it installs anything).

@@ -48,8 +48,8 @@ class Machine:
             return
         boot = "n" if self._take_boot_once() == "pxe" else "c"
         argv = [a.replace("{boot}", boot) for a in self.argv]
-        if boot == "n":  # a network boot runs; otherwise the machine waits, paused, needing no CPU
-            argv = [a for a in argv if a != "-S"]
+        if boot == "n" or "-drive" in argv:  # a network boot runs, a machine with a disk boots it (#30);
+            argv = [a for a in argv if a != "-S"]  # otherwise the machine waits, paused, needing no CPU
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(  # own session, no inherited descriptors: the BMC must not wait on it
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True

@@ -96,7 +96,7 @@ class Lab:
 
     def up(
         self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False, vms: int = 0,
-        vm_bmc_password: str | None = None,
+        vm_bmc_password: str | None = None, vm_disk_bytes: int | None = None,
     ) -> list[LabNode]:  # fmt: skip
         """Clean any leftovers, then start n nodes that accept the given public keys as root.
 
@@ -119,7 +119,7 @@ class Lab:
                 if slurm:
                     self._prepare_slurm(nodes)
                 if vms:
-                    vm.up(self.state_dir, self.netns, self.subnet, vms, vm_bmc_password)
+                    vm.up(self.state_dir, self.netns, self.subnet, vms, vm_bmc_password, vm_disk_bytes)
                 return nodes
             except BaseException:
                 self._teardown()

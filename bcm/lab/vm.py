@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -50,8 +51,30 @@ def vm_mac(index: int) -> str:
     return f"52:54:00:1a:{index >> 8:02x}:{index & 0xFF:02x}"
 
 
+def parse_disk_size(value: str) -> int:
+    """``8G``, ``512M``: a lab VM's disk size in bytes (64 MiB to 64 GiB: the lab's disks are sparse files)."""
+    m = re.fullmatch(r"([1-9][0-9]{0,5})([MG])", value.strip())
+    if not m:
+        raise LabError(f"--disk: {value[:16]!r} is not a size like 8G or 512M")
+    size = int(m.group(1)) << (20 if m.group(2) == "M" else 30)
+    if not 64 << 20 <= size <= 64 << 30:
+        raise LabError(f"--disk: {value} is not between 64M and 64G")
+    return size
+
+
+def make_disk(path: Path, size: int) -> None:
+    """A sparse qcow2 of ``size`` bytes (qemu-img); an existing one is replaced (a new lab, a blank disk)."""
+    qemu_img = shutil.which("qemu-img")
+    if qemu_img is None:
+        raise LabError("qemu-img is not installed (Debian package qemu-utils)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    procs.run([qemu_img, "create", "-q", "-f", "qcow2", str(path), str(size)])
+
+
 def qemu_argv(
-    name: str, tap: str, mac: str, serial_log: Path | None = None, bmc_oem: str | None = None
+    name: str, tap: str, mac: str, serial_log: Path | None = None, bmc_oem: str | None = None,
+    disk: Path | None = None,
 ) -> list[str]:
     """The VM's command line. It starts paused (``-S``) unless it boots from the network (the chassis drops
     ``-S`` then): a powered-on machine with nothing to boot needs no CPU, one that PXE-boots runs.
@@ -69,16 +92,20 @@ def qemu_argv(
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
         *(["-smbios", "type=11,value=" + bmc_oem.replace(",", ",,")] if bmc_oem else []),
+        # a disk (#30): virtio, BIOS drive 0x80 (iPXE's local purpose boots it); the disk boots after the network
+        *(["-drive", f"file={disk},format=qcow2,if=virtio,cache=unsafe"] if disk else []),
     ]  # fmt: skip
 
 
 def up(
-    state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int, bmc_password: str | None = None
+    state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int, bmc_password: str | None = None,
+    disk_bytes: int | None = None,
 ) -> list[LabVm]:
     """Make ``count`` VMs (powered off) with their BMCs listening; records them in ``vms.json``.
 
     Each BMC gets its own random password, or ``bmc_password`` for all (a site's BMCs share the password its
-    category holds: zero-touch)."""
+    category holds: zero-touch). ``disk_bytes``: each VM gets a blank qcow2 disk of that size,
+    ``vms/<name>/disk.qcow2`` under the lab's state directory (#30)."""
     if not 0 <= count <= MAX_VMS:
         raise LabError(f"a lab has 0 to {MAX_VMS} VMs, not {count}")
     vms: list[LabVm] = []
@@ -102,7 +129,10 @@ def up(
             ),
         )
         oem = f"bcm.bmc={vm.bmc.kind}:{vm.bmc.address}"
-        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac, vm.bmc.dir / "serial.log", oem))
+        disk = vm.bmc.dir / "disk.qcow2" if disk_bytes else None
+        if disk is not None and disk_bytes:
+            make_disk(disk, disk_bytes)
+        bmc.write_machine(vm.bmc, qemu_argv(vm.name, vm.tap, vm.mac, vm.bmc.dir / "serial.log", oem, disk))
         vm.bmc_pid = bmc.start(vm.bmc, netns=netns, mac=vm.mac).pid
         _save(state_dir, vms)
     return vms

@@ -111,6 +111,25 @@ class Category(CategoryBase, table=True):
     # admin only, set with the password: the password also goes to a BMC that a discovery reports inside
     # this network (a machine its rule registers), bound to that BMC from then on
     bmc_discover_range: str | None = Field(default=None, max_length=64)
+    # install to disk (#30): the members' install mode and disk layout (bcm.domain.disk_layout), set through
+    # PUT /categories/{name}/install only (a data node's wipe needs an admin's confirmation there)
+    install_mode: str | None = Field(default=None, max_length=8)
+    disk_layout: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+
+
+class CategoryInstallUpdate(SQLModel):
+    """``PUT /categories/{name}/install``: unset fields keep their values; null clears one."""
+
+    install_mode: str | None = Field(default=None, max_length=16)
+    disk_layout: dict[str, Any] | None = None
+    confirm_wipe: bool = False
+
+    @field_validator("install_mode")
+    @classmethod
+    def _mode(cls, v: str | None) -> str | None:
+        from bcm.domain.disk_layout import check_install_mode
+
+        return check_install_mode(v)
 
 
 class CategoryCreate(CategoryBase):
@@ -133,4 +152,6 @@ class CategoryPublic(CategoryBase):
     node_count: int = 0
     bmc_allow_http: bool = False  # set by an admin only: PUT /categories/{name}/bmc-allow-http
     bmc_discover_range: str | None = None  # set by an admin only, with the password
+    install_mode: str | None = None  # PUT /categories/{name}/install
+    disk_layout: dict[str, Any] | None = None
     created_at: datetime

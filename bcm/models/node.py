@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import field_validator, model_validator
-from sqlalchemy import Text
+from sqlalchemy import BigInteger, Text
 from sqlmodel import Column, Field, SQLModel
 
 from bcm.domain.hostkey import check_host_key
@@ -105,6 +105,22 @@ class Node(NodeSettings, table=True):
     provision_queued_at: datetime | None = Field(default=None, sa_column=ts_column())
     provision_started_at: datetime | None = Field(default=None, sa_column=ts_column())
     provision_deadline: datetime | None = Field(default=None, sa_column=ts_column())
+    # install to disk (#30, bcm.domain.disk_layout): the node's own mode (else its category's), one boot's
+    # mode (cleared when that boot calls back), a data node refuses `full` unless an admin confirmed the wipe
+    install_mode: str | None = Field(default=None, max_length=8)
+    next_install_mode: str | None = Field(default=None, max_length=8)
+    data_node: bool = False
+    wipe_confirmed: bool = False
+    # what the disk holds: "installing" from the moment the installer may touch it, "installed" only once
+    # everything is synced (so a power cut during `full` installs again at the next boot)
+    install_state: str | None = Field(default=None, max_length=16)
+    installed_image: str | None = Field(default=None, max_length=200)
+    installed_layout: str | None = Field(default=None, max_length=16)
+    installed_at: datetime | None = Field(default=None, sa_column=ts_column())
+    install_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))  # the last install/sync wrote
+    # what runs: the image version its last boot called back with, from "network" (stateless) or "disk"
+    booted_image: str | None = Field(default=None, max_length=200)
+    booted_from: str | None = Field(default=None, max_length=8)
 
 
 class NodeCreate(NodeSettings):
@@ -232,6 +248,33 @@ class NodePublic(NodeSettings):
     power_state: str | None = None
     running_image: str | None = None  # the image version last pushed to it (`bcm image push --apply`)
     tenants: list[TenantUse] = Field(default_factory=list)  # most GPUs first (the last workload-manager sync)
+    install_mode: str | None = None
+    next_install_mode: str | None = None
+    data_node: bool = False
+    wipe_confirmed: bool = False
+    install_state: str | None = None
+    installed_image: str | None = None
+    installed_at: datetime | None = None
+    install_bytes: int | None = None
+    booted_image: str | None = None
+    booted_from: str | None = None
+
+
+class NodeInstallUpdate(SQLModel):
+    """``PUT /nodes/{name}/install``: unset fields keep their values; ``install_mode: null`` inherits again.
+    ``confirm_wipe`` (admin only) lets a data node take a ``full`` install once."""
+
+    install_mode: str | None = Field(default=None, max_length=16)
+    next_install_mode: str | None = Field(default=None, max_length=16)
+    data_node: bool | None = None
+    confirm_wipe: bool = False
+
+    @field_validator("install_mode", "next_install_mode")
+    @classmethod
+    def _mode(cls, v: str | None, info: Any) -> str | None:
+        from bcm.domain.disk_layout import check_install_mode
+
+        return check_install_mode(v, info.field_name)
 
 
 class NodePage(SQLModel):

@@ -184,6 +184,39 @@ class BootFailure(SQLModel):
         return "".join(c if c.isprintable() else " " for c in v).strip() or "(no message)"
 
 
+class InstallDone(SQLModel):
+    """The image's init installed (or synced) the disk and synced it: sent with the one-time token, last."""
+
+    mac: str
+    image: str = Field(min_length=1, max_length=200)
+    layout: str = Field(min_length=1, max_length=16)
+    mode: Literal["full", "auto"]
+    bytes_written: int | None = Field(default=None, ge=0, le=1 << 60)
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str) -> str:
+        return normalize_mac(v)
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{1,16}", v):
+            raise ValueError("the layout's hash (BCM_LAYOUT of the plan)")
+        return v
+
+
+class DiskHello(SQLModel):
+    """A system booted from its disk calls back: its boot MAC; its agent token is the bearer token."""
+
+    mac: str
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str) -> str:
+        return normalize_mac(v)
+
+
 class HelloAnswer(SQLModel):
     node: str
     state: str

@@ -86,6 +86,14 @@ def node_tokens(session: Session, presented: Sequence[str], touch_before: dateti
     return found
 
 
+def has_role(token: ApiToken, needed: Role) -> bool:
+    try:
+        require_role(token, needed)
+    except Forbidden:
+        return False
+    return True
+
+
 def require_role(token: ApiToken, needed: Role) -> None:
     role = Role(token.role)
     if role is Role.NODE and needed is not Role.NODE:

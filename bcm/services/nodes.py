@@ -38,6 +38,8 @@ from bcm.services import events, images, wlm_usage
 from bcm.services import secrets as secret_svc
 
 CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
+INSTALL_FIELDS = ("install_mode", "next_install_mode", "data_node", "wipe_confirmed", "install_state",
+                  "installed_image", "installed_at", "install_bytes", "booted_image", "booted_from")  # fmt: skip
 SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment", "bmc_address", "bmc_protocol", "bmc_user")
 
 
@@ -251,6 +253,7 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
                 power_state=n.power_state,
                 running_image=n.running_image,
                 tenants=tenants.get(n.id or 0, []),
+                **{f: getattr(n, f) for f in INSTALL_FIELDS},
                 **{f: getattr(n, f) for f in SETTING_FIELDS},
             )
         )

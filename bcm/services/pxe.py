@@ -6,7 +6,8 @@ for a provisioning node whose effective image is ready (kernel, initramfs, root 
 one-time token on the kernel command line); ``noimage`` for a provisioning node with no image to boot (the
 node fails with ``last_error`` and an event); ``refused`` for a client that may not have the provisioning
 node's token (not its lease, or not the address its attempt is bound to; the node is left alone);
-``local`` for every other known node.
+``local`` for every other known node (an installed node boots its disk); ``install`` (#30, bcm.services.install)
+for a provisioning node whose disk install is due: ``image`` plus the installer's ``bcm.install=<plan url>``.
 
 Boot trust (#26): one token per provisioning attempt, bound to the first client address that fetched the
 script (with bcm's DHCP that must be the MAC's lease); overlay and hello only from that address; the
@@ -52,6 +53,7 @@ from bcm.models.pxe import (
 )
 from bcm.services import events, tls
 from bcm.services import images as image_svc
+from bcm.services import install as install_svc
 from bcm.services import nodes as node_svc
 from bcm.services import secrets as secret_svc
 from bcm.services.render import render
@@ -199,10 +201,16 @@ def boot_script(
     if node is None or node.provision_state == State.DISCOVERED.value:
         return _discovery(session, settings, mac, node)
     if node.provision_state != State.PROVISIONING.value:
-        return BootScript("local", render("ipxe/local.ipxe.j2", node=node.name, state=node.provision_state), node.name)
+        return _local(node)
     name, mode, kernel_args = effective_image(session, node)
     if mode in LOCAL_BOOT_MODES:
-        return BootScript("local", render("ipxe/local.ipxe.j2", node=node.name, state=node.provision_state), node.name)
+        return _local(node)
+    plan = install_svc.boot_plan(session, node)  # install to disk (#30)
+    if plan.what == "refused":
+        return _no_image(session, node, plan.why)
+    if plan.what == "local":  # an installed node whose install is not due: its disk calls back (agent token)
+        events.record(session, ACTOR, "boot.script", node.name, f"boots {node.installed_image} from its disk ({mac})")
+        return _local(node)
     try:  # checked when set; checked again here for values stored before the check existed
         kernel_args = check_kernel_args(kernel_args)
     except InvalidInput as exc:
@@ -235,18 +243,29 @@ def boot_script(
             f"bcm.node={node.name}",
             f"bcm.mac={mac}",
             f"bcm.token={token}",
+            *([f"bcm.install={server_url(settings)}/boot/v1/install/{mac}",
+               f"bcm.initrd={_url(settings, image, initrd)}"] if plan.what == "install" else []),
         ] if a
     )  # fmt: skip
-    events.record(session, ACTOR, "boot.script", node.name, f"image {image.name}:{image.version} for {mac}")
+    how = f"{plan.mode} install of" if plan.what == "install" else "image"
+    events.record(session, ACTOR, "boot.script", node.name, f"{how} {image.name}:{image.version} for {mac}")
     text = render(
         "ipxe/image.ipxe.j2",
         node=node.name,
+        install=plan.mode if plan.what == "install" else None,
         image=f"{image.name}:{image.version}",
         kernel_url=_url(settings, image, kernel),
         initrd_url=_url(settings, image, initrd),
         cmdline=cmdline,
     )
-    return BootScript("image", text, node.name)
+    return BootScript("install" if plan.what == "install" else "image", text, node.name)
+
+
+def _local(node: Node) -> BootScript:
+    """Boot the next boot device; a node with an installed disk boots its first disk (BIOS drive 0x80)."""
+    disk = node.install_state == "installed"
+    text = render("ipxe/local.ipxe.j2", node=node.name, state=node.provision_state, disk=disk)
+    return BootScript("local", text, node.name)
 
 
 def _discovery(session: Session, settings: Settings, mac: str, node: Node | None) -> BootScript:
@@ -401,6 +420,9 @@ def hello(
     node.last_error = None
     node.provision_queued_at = node.provision_started_at = node.provision_deadline = None
     node.updated_at = utcnow()
+    name, _, _ = effective_image(session, node)
+    ready = _ready_version(session, name) if name else None
+    install_svc.booted(session, node, f"{ready.name}:{ready.version}" if ready else None)
     session.add(node)
     iface = session.exec(select(Interface).where(Interface.mac == mac)).first()
     if iface is not None and iface.ip is None and peer:
@@ -708,7 +730,8 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None, p
         _add(tar, "etc/ssh/sshd_config.d/bcm.conf", render("overlay/etc/ssh/sshd_config.d/bcm.conf.j2", **ctx).encode(),
              0o644)  # fmt: skip
         _add(tar, "root/.ssh/authorized_keys", f"{head_key}\n".encode(), 0o600)
-        _add(tar, "etc/bcm/node.json", json.dumps({"node": node.name, "server_url": ctx["server_url"]}).encode(), 0o644)
+        _add(tar, "etc/bcm/node.json", json.dumps({"node": node.name, "server_url": ctx["server_url"], "mac": mac}).encode(),
+             0o644)  # fmt: skip
         if ca is not None:  # the CA the node's callback and agent verify the API against
             _add(tar, NODE_CA_PATH.lstrip("/"), ca.read_bytes(), 0o644)
         _add(tar, "usr/local/sbin/bcm-hello", render("overlay/usr/local/sbin/bcm-hello.j2", **ctx).encode(), 0o755)

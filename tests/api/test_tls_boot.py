@@ -53,7 +53,10 @@ def test_without_tls_the_callback_uses_the_kernel_command_line() -> None:
     ctx = {"node": "gpu01", "api_url": None, "ca_file": None}
     hello = render("overlay/usr/local/sbin/bcm-hello.j2", **ctx)
     compile(hello, "bcm-hello", "exec")
-    assert "https" not in hello and 'agent = {"server_url": server}' in hello
+    # the first boot's callback: plain, to the kernel command line's server (a disk-booted system's callback,
+    # disk_hello, follows whatever URL its stored agent config names)
+    first_boot = hello.split("def disk_hello")[0] + hello.split("\n\n\nif not token")[1]
+    assert "https" not in first_boot and 'agent = {"server_url": server}' in first_boot
 
 
 def test_agent_deploy_pushes_the_ca_with_an_https_url(settings: Any) -> None:

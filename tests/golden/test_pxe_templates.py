@@ -117,9 +117,17 @@ IPXE = {
     "image.ipxe": ("ipxe/image.ipxe.j2", {
         "node": "gpu01", "image": "base:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
         "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
-        "cmdline": "console=ttyS0,115200 quiet bcm.root=http://198.18.0.1:8470/boot/v1/images/base/3/rootfs.squashfs bcm.token=bcmboot_x"}),
+        "cmdline": "console=ttyS0,115200 quiet bcm.root=http://198.18.0.1:8470/boot/v1/images/base/3/rootfs.squashfs bcm.token=bcmboot_x",
+        "install": None}),
+    "install.ipxe": ("ipxe/image.ipxe.j2", {
+        "node": "gpu01", "image": "disk:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/disk/3/vmlinuz",
+        "initrd_url": "http://198.18.0.1:8470/boot/v1/images/disk/3/initramfs.img",
+        "cmdline": "console=ttyS0,115200 bcm.root=http://198.18.0.1:8470/boot/v1/images/disk/3/rootfs.squashfs bcm.token=bcmboot_x"
+                   " bcm.install=http://198.18.0.1:8470/boot/v1/install/52:54:00:1a:00:01",
+        "install": "full"}),
     "refused.ipxe": ("ipxe/refused.ipxe.j2", {"node": "gpu01", "message": "198.18.0.66 is not the address this boot is bound to"}),
-    "local.ipxe": ("ipxe/local.ipxe.j2", {"node": "gpu01", "state": "ready"}),
+    "local.ipxe": ("ipxe/local.ipxe.j2", {"node": "gpu01", "state": "ready", "disk": False}),
+    "local-disk.ipxe": ("ipxe/local.ipxe.j2", {"node": "gpu01", "state": "provisioning", "disk": True}),
     "noimage.ipxe": ("ipxe/noimage.ipxe.j2", {"node": "gpu01", "message": "no image assigned"}),
 }  # fmt: skip
 

@@ -179,11 +179,16 @@ def test_plain_port_serves_boot_files_only(tls_server: Server) -> None:
         ("GET", "/ui/"),
         ("POST", "/boot/v1/agent/report"),
         ("POST", "/boot/v1/hello"),
+        ("POST", "/boot/v1/hello/disk"),  # a disk-booted system's callback carries its agent token
         ("GET", "/openapi.json"),
     ):
         r = httpx.request(method, f"{boot}{path}", headers=token, timeout=10)
         assert r.status_code == 404, (path, r.status_code)
         assert "the API is at https://" in r.json()["message"]
+    # the install plan and its report go with the one-time boot token, as the overlay does: on the plain port
+    # (401: no token; the route is there)
+    assert httpx.get(f"{boot}/boot/v1/install/52-54-00-00-31-09", timeout=10).status_code == 401
+    assert httpx.post(f"{boot}/boot/v1/installed", json={}, timeout=10).status_code == 401
     # the TLS port serves everything, boot files included
     api = httpx.Client(base_url=tls_server.url, verify=tls_server.verify(), headers=token, timeout=10)
     assert api.get("/api/v1/nodes").status_code == 200

@@ -10,6 +10,7 @@ is never sent: a 404 or 500 and an event, so a half-written file is not presente
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import pathlib
@@ -30,6 +31,8 @@ from bcm.services import images as svc
 from bcm.settings import Settings
 
 router = APIRouter(prefix="/boot/v1/images", tags=["boot"])
+# artifact downloads this process started, by kind (kernel, initramfs, rootfs): bcm_boot_artifact_fetches_total
+FETCHES: collections.Counter[str] = collections.Counter()
 Version = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
 Filename = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 
@@ -173,11 +176,13 @@ async def artifact(name: Name, version: Version, filename: Filename, request: Re
     client = request.client.host if request.client else "unknown"
     transfers.enter(client)
     try:
-        path, stat, sha256 = await anyio.to_thread.run_sync(_checked_file, request.app.state, name, version,
-                                                            filename)  # fmt: skip
+        path, stat, sha256, kind = await anyio.to_thread.run_sync(_checked_file, request.app.state, name, version,
+                                                                  filename)  # fmt: skip
     except BaseException:
         transfers.leave(client)
         raise
+    if request.method == "GET":
+        FETCHES[kind] += 1  # /metrics: a node booted from its disk fetches none (#30)
     conf = request.app.state.settings.images
     return CountedFile(
         path,
@@ -190,8 +195,8 @@ async def artifact(name: Name, version: Version, filename: Filename, request: Re
     )
 
 
-def _checked_file(state: Any, name: str, version: str, filename: str) -> tuple[pathlib.Path, os.stat_result, str]:
-    """The artifact's file, its ``stat`` and sha256; a file missing or not its published size is never sent."""
+def _checked_file(state: Any, name: str, version: str, filename: str) -> tuple[pathlib.Path, os.stat_result, str, str]:
+    """The artifact's file, its ``stat``, sha256 and kind; a file missing or not its published size is never sent."""
     images_dir = state.settings.images_dir
     with session_scope(state.engine) as session:
         image, art = svc.find_artifact(session, name, version, filename)
@@ -201,7 +206,7 @@ def _checked_file(state: Any, name: str, version: str, filename: str) -> tuple[p
         except FileNotFoundError:
             stat = None
         if stat is not None and stat.st_size == art.size:
-            return path, stat, art.sha256
+            return path, stat, art.sha256, art.kind
         problem = "file missing" if stat is None else f"size {stat.st_size} != {art.size} recorded at publish"
         events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}", problem,
                       severity="error")  # fmt: skip

@@ -8,7 +8,10 @@
 - ``POST /boot/v1/hello``: the booted node trades that token for its agent token (once, from that address);
 - ``POST /boot/v1/failed``: the image's init could not boot: with that token, the node fails at once;
 - ``GET /boot/v1/ca.pem``: bcm's API CA certificate while TLS is on (public; ``bcm ca fetch`` checks its
-  fingerprint before trusting it).
+  fingerprint before trusting it);
+- ``GET /boot/v1/install/{mac}``: the init's install plan (with that token; the disk is installing from then);
+- ``POST /boot/v1/installed``: the init installed and synced the disk (with that token);
+- ``POST /boot/v1/hello/disk``: a system booted from its disk calls back with its agent token.
 
 The client address is the socket's (``request.client``), never a header. A failed boot-token check is
 counted against the client (``auth_failures``: a 429 once over the limit); a valid token is checked first
@@ -31,7 +34,16 @@ from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
 from bcm.drivers import dnsmasq
 from bcm.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from bcm.models.pxe import BootFailure, DiscoveryAccepted, DiscoveryReport, HelloAnswer, HelloRequest
+from bcm.models.pxe import (
+    BootFailure,
+    DiscoveryAccepted,
+    DiscoveryReport,
+    DiskHello,
+    HelloAnswer,
+    HelloRequest,
+    InstallDone,
+)
+from bcm.services import install as install_svc
 from bcm.services import pxe as svc
 
 router = APIRouter(prefix="/boot/v1", tags=["boot"])
@@ -174,6 +186,64 @@ async def hello(body: HelloRequest, request: Request) -> HelloAnswer:
     if provisioner is not None:
         provisioner.booted(answer.node)
     await _sync_dnsmasq(request)
+    return answer
+
+
+@router.get("/install/{mac}", response_class=Response, responses=SCRIPT, dependencies=[Depends(bearer_present)])
+async def install_plan(mac: MacPath, request: Request) -> PlainTextResponse:
+    """The install plan (a shell script the image's init sources), for the holder of the boot's token only."""
+    address = normalize_mac(mac)
+    engine, settings = request.app.state.engine, request.app.state.settings
+    token, peer = bearer(request), _peer(request)
+
+    def work() -> str:
+        with session_scope(engine) as session:
+            node, _ = svc.check_boot_token(session, address, token, peer)
+            return install_svc.plan_script(session, settings, node, address)
+
+    text = await _braked(request, peer, work)
+    return PlainTextResponse(text, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
+
+
+@router.post("/installed", dependencies=[Depends(bearer_present)])
+async def installed(body: InstallDone, request: Request) -> dict[str, str]:
+    """The init installed the image and synced the disk: it holds ``image`` from now (with the boot's token)."""
+    engine = request.app.state.engine
+    token, peer = bearer(request), _peer(request)
+
+    def work() -> dict[str, str]:
+        with session_scope(engine) as session:
+            node, _ = svc.check_boot_token(session, body.mac, token, peer)
+            install_svc.installed(session, node, body.image, body.layout, body.mode, body.bytes_written)
+            return {"node": node.name, "install_state": "installed"}
+
+    return await _braked(request, peer, work)
+
+
+@router.post("/hello/disk", dependencies=[Depends(bearer_present)])
+async def disk_hello(body: DiskHello, request: Request) -> dict[str, str]:
+    """A system booted from its disk calls back with its agent token: a provisioning node is booted."""
+    from datetime import timedelta
+
+    from bcm.errors import BcmError
+    from bcm.models.base import utcnow
+    from bcm.services import auth
+
+    engine = request.app.state.engine
+    token, peer = bearer(request), _peer(request)
+
+    def work() -> dict[str, str]:
+        with session_scope(engine) as session:
+            row = auth.node_tokens(session, [token or ""], utcnow() - timedelta(minutes=1))[token or ""]
+            if isinstance(row, BcmError):
+                raise row
+            node = install_svc.disk_hello(session, row.node_id or 0, body.mac, peer)
+            return {"node": node.name, "state": node.provision_state}
+
+    answer = await _braked(request, peer, work)
+    provisioner = getattr(request.app.state, "provisioner", None)
+    if provisioner is not None:
+        provisioner.booted(answer["node"])
     return answer
 
 

@@ -10,7 +10,7 @@ from bcm.api.deps import Operator, SessionDep, Viewer, actor
 from bcm.api.params import Name
 from bcm.errors import Forbidden
 from bcm.models.auth import ApiToken, Role
-from bcm.models.category import CategoryCreate, CategoryPublic, CategoryUpdate
+from bcm.models.category import CategoryCreate, CategoryInstallUpdate, CategoryPublic, CategoryUpdate
 from bcm.services import auth
 from bcm.services import categories as svc
 
@@ -37,6 +37,16 @@ def get_category(name: Name, session: SessionDep, _t: Viewer) -> CategoryPublic:
 def update_category(name: Name, spec: CategoryUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
     _admin_only_fields(spec, token)
     return svc.to_public(svc.update_category(session, name, spec, actor(token)))
+
+
+@router.put("/{name}/install", response_model=CategoryPublic)
+def set_install(name: Name, body: CategoryInstallUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
+    """The members' install mode and disk layout (#30), checked against every member's inventoried disks
+    (a 422 naming what does not fit); a data node that would be wiped needs an admin's confirm_wipe (409)."""
+    from bcm.services import install
+
+    cat = install.set_category(session, name, body, actor(token), auth.has_role(token, Role.ADMIN))
+    return svc.get_public(session, cat.name)
 
 
 @router.delete("/{name}")

@@ -16,6 +16,7 @@ from bcm.models.auth import Role
 from bcm.models.node import (
     NodeBulkCreate,
     NodeCreate,
+    NodeInstallUpdate,
     NodePage,
     NodePublic,
     NodeUpdate,
@@ -113,6 +114,16 @@ def get_hardware(name: NamePath, session: SessionDep, _t: Viewer) -> dict[str, A
 @router.patch("/{name}", response_model=NodePublic)
 def update_node(name: NamePath, spec: NodeUpdate, session: SessionDep, token: Operator) -> NodePublic:
     node = svc.update_node(session, name, spec, actor(token))
+    return svc.to_public(session, [node])[0]
+
+
+@router.put("/{name}/install", response_model=NodePublic)
+def set_install(name: NamePath, body: NodeInstallUpdate, session: SessionDep, token: Operator) -> NodePublic:
+    """The node's install mode (null: its category's), one boot's mode, and whether it is a data node (#30).
+    A change that makes a data node's next boot wipe its disks is a 409 unless an admin sends confirm_wipe."""
+    from bcm.services import install
+
+    node = install.set_node(session, name, body, actor(token), auth.has_role(token, Role.ADMIN))
     return svc.to_public(session, [node])[0]
 
 
