@@ -169,8 +169,8 @@ def tenancy_in_kueue(run: SlurmLab) -> None:
     until("nlp's job to be admitted", lambda: conditions(wl_in(run, "nlp", "reclaim")).get("QuotaReserved") == "True")
     evicted = conditions(wl_in(run, "vision", "borrow"))
     assert evicted.get("QuotaReserved") != "True" and evicted.get("Evicted") == "True", evicted
-    shown = run.cli("project", "usage", "nlp", "--json")
-    assert shown["wlm"]["gpus_running"] == 4, shown
+    # usage is read from the ClusterQueue's status, which Kueue updates after it admits: wait for it
+    until("bcm to show nlp's 4 GPUs in use", lambda: run.cli("project", "usage", "nlp", "--json")["wlm"]["gpus_running"] == 4)
 
     # removing a project removes its queue and namespace
     assert run.cli_raw("project", "rm", "vision").returncode == 0
