@@ -23,7 +23,7 @@ from bcm.db import make_engine, session_scope, upgrade
 from bcm.drivers import ssh
 from bcm.errors import InvalidInput
 from bcm.pathsend import PathsendProtocol, set_min_rate
-from bcm.services import auth, categories, tls
+from bcm.services import auth, categories, secrets, tls
 from bcm.settings import Settings
 
 log = logging.getLogger("bcm.server")
@@ -36,6 +36,7 @@ def prepare(settings: Settings) -> tuple[Engine, str | None]:
     engine = make_engine(settings.effective_database_url, settings.db)
     upgrade(engine)
     ssh.ensure_keypair(settings.ssh_key_file)  # nodes trust this key (images, `bcm node trust`)
+    secrets.ensure_key(settings.state_dir)  # made now, so that it is there to copy to another head node
     with session_scope(engine) as session:
         token_file = auth.bootstrap_admin(session, settings.admin_token_file)
         categories.seed_defaults(session)

@@ -127,8 +127,9 @@ def failover(base: str, work: Path, lease: float, pxe: bool) -> tuple[float, flo
             stop_all([a, b])
 
 
-def vip_failover(work: Path, lease: float, runs: int) -> list[float]:
-    """Seconds from kill -9 of the leading head's bcm until the service address answers as the other head."""
+def vip_failover(work: Path, lease: float, runs: int, rise: int = 1) -> list[float]:
+    """Seconds from kill -9 of the leading head's bcm until the service address answers as the other head;
+    ``rise``: keepalived's successes of the /leaderz check before a head takes the address."""
     import subprocess
 
     from bcm.devserver import free_port
@@ -147,7 +148,8 @@ def vip_failover(work: Path, lease: float, runs: int) -> list[float]:
         url = f"postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql&port={port}"
         for _ in range(runs):
             with schema(url) as db:
-                heads = Heads(work / uuid.uuid4().hex[:6], 2, db, name=f"bb{uuid.uuid4().hex[:4]}", lease_s=lease)
+                heads = Heads(work / uuid.uuid4().hex[:6], 2, db, name=f"bb{uuid.uuid4().hex[:4]}", lease_s=lease,
+                              check_rise=rise)  # fmt: skip
                 try:
                     heads.up()
                     head = {"Authorization": f"Bearer {heads.token()}"}
@@ -254,9 +256,10 @@ def main() -> None:
         if dns:
             print(f"  dnsmasq serving: median {pct(dns, 50):.2f} s, max {max(dns):.2f} s")
         if pxe and all(shutil.which(t) for t in ("keepalived", "curl", "pg_createcluster")):
-            vip = vip_failover(work, args.lease, args.failovers)
-            print(f"  service address (keepalived, advert 0.1 s): median {pct(vip, 50):.2f} s, max {max(vip):.2f} s "
-                  "(goal: under 3 s)")
+            for rise in (2, 1):  # the lab's check until #27's bench showed its cost, and the lab's check now
+                vip = vip_failover(work, args.lease, args.failovers, rise)
+                print(f"  service address (keepalived, advert 0.1 s, check rise {rise}): median {pct(vip, 50):.2f} s, "
+                      f"max {max(vip):.2f} s (goal: under 3 s)")
         print(f"throughput: {args.clients} clients alternating drain/resume for {args.seconds:g} s")
         for servers in (1, 2, 3):
             rate, p99, errors = throughput(args.database_url, work, servers, args.clients, args.seconds)

@@ -9,12 +9,16 @@ vars file nor the event stream holds them. OpenSSH ControlPersist masters are cl
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +40,23 @@ def playbook_dir() -> Path:
 
 
 _FAIL_EVENTS = {"runner_on_failed", "runner_on_unreachable"}
+PR_SET_PDEATHSIG = 1
+_starting = threading.local()  # .playbook: this thread is inside ansible_runner.run
+
+
+def _die_with_the_server() -> None:
+    """In a child forked by a thread that runs a playbook (ansible-runner's pexpect child, before it execs
+    ansible-playbook): have the kernel send it SIGTERM when that thread, so the server, goes — even by
+    kill -9. ansible-playbook passes SIGTERM on to its workers (SIGKILL would leave them, and their task, to
+    run on). Otherwise a dead server's playbook runs on while the server that takes its operation up runs
+    it again on the same nodes (#27). Linux's prctl(PR_SET_PDEATHSIG); it survives the exec."""
+    if not getattr(_starting, "playbook", False):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: nothing to ask the kernel
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+os.register_at_fork(after_in_child=_die_with_the_server)
 
 
 @dataclass(frozen=True)
@@ -207,6 +228,7 @@ def run_playbook(
         ),
     }
     started = time.monotonic()
+    _starting.playbook = True  # its child dies with this thread (see _die_with_the_server)
     try:
         runner = ansible_runner.run(
             private_data_dir=str(private),
@@ -227,6 +249,7 @@ def run_playbook(
     except Exception as exc:  # the runner itself broke (bad binary, unreadable dir)
         raise DriverError(f"ansible-runner failed to run {playbook}: {type(exc).__name__}: {exc}") from exc
     finally:
+        _starting.playbook = False
         _close_masters(control_dir)
         shutil.rmtree(private, ignore_errors=True)
     log.info(

@@ -70,7 +70,7 @@ vrrp_script chk {{
     interval 1
     timeout 2
     fall 2
-    rise 2
+    rise {rise}
 }}
 vrrp_instance VI {{
     state BACKUP
@@ -176,6 +176,10 @@ class Heads:
     subnet: str = DEFAULT_SUBNET
     lease_s: float = 2.0
     advert_s: float = 0.1
+    # successes of the check (once a second: keepalived takes whole seconds) before a head may take the
+    # address: one is enough, a 200 from /leaderz means this head's bcm holds the database lease; a second
+    # cost up to a second more on every failover (bench/ha.py shows both)
+    check_rise: int = 1
     heads: list[Head] = field(default_factory=list)
     _children: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
 
@@ -197,7 +201,8 @@ class Heads:
         try:
             data = json.loads(file.read_text())
             heads = cls(Path(work), data["count"], data["database_url"], name=data["name"], subnet=data["subnet"],
-                        lease_s=data["lease_s"], advert_s=data["advert_s"])  # fmt: skip
+                        lease_s=data["lease_s"], advert_s=data["advert_s"],
+                        check_rise=data.get("check_rise", 1))  # fmt: skip
             heads.heads = [Head.from_dict(item) for item in data["heads"]]
         except FileNotFoundError:
             return None
@@ -330,7 +335,7 @@ class Heads:
         conf.write_text(KEEPALIVED.format(
             name=f"{self.name}{head.index}", check=check, router_id=ROUTER_ID, priority=150 - head.index,
             advert=self.advert_s, address=head.address, peers="\n".join(f"        {p}" for p in peers),
-            vip=self.vip, prefix=self.net.prefixlen,
+            vip=self.vip, prefix=self.net.prefixlen, rise=self.check_rise,
         ))  # fmt: skip
         keepalived = self._spawn(["ip", "netns", "exec", head.netns, "keepalived", "-n", "-l", "-D", "-P",
                                   "-f", str(conf), "-p", str(d / "keepalived.pid"), "-r", str(d / "vrrp.pid")],
@@ -460,7 +465,8 @@ class Heads:
 
     def _save(self) -> None:
         data = {"name": self.name, "subnet": self.subnet, "count": self.count, "database_url": self.database_url,
-                "lease_s": self.lease_s, "advert_s": self.advert_s, "service_address": self.vip,
+                "lease_s": self.lease_s, "advert_s": self.advert_s, "check_rise": self.check_rise,
+                "service_address": self.vip,
                 "heads": [head.to_dict() for head in self.heads]}  # fmt: skip
         tmp = self.work / f"{STATE_FILE}.tmp"
         tmp.unlink(missing_ok=True)

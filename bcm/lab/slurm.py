@@ -63,15 +63,19 @@ class SlurmLab:
         server_host: str = "127.0.0.1",
         bcm: list[str] | None = None,
         cwd: Path = REPO,
+        database_url: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Iterator[SlurmLab]:
         """Everything up (server, `bcm lab up`, inventory); everything down afterwards.
 
         ``server_host="0.0.0.0"`` lets lab nodes reach the server at the head's lab address (agents);
-        ``bcm`` (with ``cwd``) runs another bcm than this checkout's, such as an installed wheel's bin/bcm.
+        ``bcm`` (with ``cwd``) runs another bcm than this checkout's, such as an installed wheel's bin/bcm;
+        ``database_url`` puts the server on PostgreSQL (other servers may join it), ``env`` adds settings.
         """
         server = Server(
             work_dir / "state",
-            extra_env={"BCM_SSH__CONNECT_TIMEOUT_S": "5", "BCM_SSH__COMMAND_TIMEOUT_S": "120"},
+            database_url=database_url,
+            extra_env={"BCM_SSH__CONNECT_TIMEOUT_S": "5", "BCM_SSH__COMMAND_TIMEOUT_S": "120", **(env or {})},
             host=server_host,
             argv=list(bcm or BCM),
             cwd=cwd,

@@ -36,13 +36,29 @@ def _load_or_create(state_dir: Path) -> bytes:
     return key
 
 
+def ensure_key(state_dir: Path) -> None:
+    """Make the key now if there is none (``bcm serve`` at start): a head node added by copying the state
+    directory's secrets then copies this key, not a key made later on one head only."""
+    _load_or_create(state_dir)
+
+
+def _load(state_dir: Path) -> bytes:
+    try:
+        return key_path(state_dir).read_bytes().strip()
+    except FileNotFoundError:
+        raise BcmError(
+            f"a stored secret cannot be decrypted: {key_path(state_dir)} is missing (on a second head node,"
+            " copy it from the first); set the password again"
+        ) from None
+
+
 def encrypt(state_dir: Path, plain: str) -> str:
     return Fernet(_load_or_create(state_dir)).encrypt(plain.encode()).decode()
 
 
 def decrypt(state_dir: Path, token: str) -> str:
     try:
-        return Fernet(_load_or_create(state_dir)).decrypt(token.encode()).decode()
+        return Fernet(_load(state_dir)).decrypt(token.encode()).decode()
     except InvalidToken:
         raise BcmError(
             f"a stored secret cannot be decrypted with {key_path(state_dir)} (was the key replaced?); "

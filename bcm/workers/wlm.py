@@ -10,9 +10,11 @@ wait for the deployed nodes to register, then the verification job (all or nothi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,6 +31,7 @@ from bcm.models.wlm import WlmDeployRequest, WlmStarted, WlmState
 from bcm.services import events, wlm_usage
 from bcm.services import nodes as node_svc
 from bcm.services import operations as op_svc
+from bcm.services import secrets as secret_svc
 from bcm.services import wlm as svc
 from bcm.settings import Settings
 from bcm.workers.job import Handler, Job, Starter
@@ -86,7 +89,8 @@ def _deploy_setup(s: Session, op: Operation, extra: Any) -> list[str]:
     row = svc.plan_deploy(s, kind, req, actor)
     ctl = svc.controller_target(s, row)[0]
     members = svc.member_names(s, row)
-    svc.keep_secrets(state_dir, kind, req)  # the secrets stay on disk, never in the operation's spec
+    svc.keep_secrets(state_dir, kind, req)  # the secrets stay on disk, never in clear in the operation's spec
+    carry_secrets(op, state_dir, req)
     op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {fold_hostlist(members)} by {actor}\n"
     row.last_deploy_op = op.id
     s.add(row)
@@ -108,7 +112,27 @@ class _DeploySpec:
 
 async def _deploy_run(job: Job) -> None:
     spec = _DeploySpec(job.spec["cluster"], bool(job.spec["verify"]), tuple(job.spec.get("joining") or ()))
+    if job.claims > 1 and job.spec.get("secrets_enc"):
+        await anyio.to_thread.run_sync(restore_secrets, job)
     await _deploy(job, job.op_id, spec, job.actor)
+
+
+def carry_secrets(op: Operation, state_dir: Path, req: WlmDeployRequest) -> None:
+    """The request's write-only values into the operation's spec, encrypted with secret.key (which the
+    heads share), for a server that takes the deploy up (:func:`restore_secrets`)."""
+    if kept := req.secrets():
+        op.spec = {**(op.spec or {}), "secrets_enc": secret_svc.encrypt(state_dir, json.dumps(kept))}
+
+
+def restore_secrets(job: Job) -> None:
+    """A deploy taken up from another server: the write-only values its request gave (kept in that
+    server's state directory) written into this server's, from the operation's encrypted copy. A key that
+    cannot read them (secret.key not shared) fails the deploy with that reason, before anything runs."""
+    name = str(job.spec["cluster"])
+    with session_scope(job.engine) as s:
+        kind = svc.get(s, name).kind
+    kept = json.loads(secret_svc.decrypt(job.settings.state_dir, str(job.spec["secrets_enc"])))
+    wlm.get(kind).keep_secrets(svc.secrets_dir(job.settings.state_dir, name), kept)
 
 
 DEPLOY = Handler(

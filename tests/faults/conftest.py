@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,21 +41,29 @@ def client(server: Server, timeout: float = 60) -> httpx.Client:
     )
 
 
-def hammer(server: Server, workers: int, requests: list[Callable[[httpx.Client], httpx.Response]]) -> Answers:
-    """Send every request, ``workers`` at a time, each on its own connection; bounded by the list."""
+def hammer(
+    server: Server | Sequence[Server], workers: int, requests: list[Callable[[httpx.Client], httpx.Response]]
+) -> Answers:
+    """Send every request, ``workers`` at a time, each on its own connection; bounded by the list. Given
+    several servers, the requests go round robin over them (request i to server i mod n)."""
     answers = Answers()
+    servers = [server] if isinstance(server, Server) else list(server)
 
-    def one(send: Callable[[httpx.Client], httpx.Response]) -> tuple[int, float, str]:
-        with client(server) as c:
+    def one(i: int, send: Callable[[httpx.Client], httpx.Response]) -> tuple[int, float, str]:
+        with client(servers[i % len(servers)]) as c:
             t0 = time.monotonic()
             try:
                 r = send(c)
             except httpx.HTTPError as exc:  # a reset or a timeout counts as a server failure
-                return 599, time.monotonic() - t0, f"{type(exc).__name__}: {exc}"
+                try:
+                    where = f" ({exc.request.method} {exc.request.url.path})"
+                except RuntimeError:  # no request attached
+                    where = ""
+                return 599, time.monotonic() - t0, f"{type(exc).__name__}: {exc}{where}"
             return r.status_code, time.monotonic() - t0, r.text[:300]
 
     with ThreadPoolExecutor(workers) as pool:
-        answers.got = list(pool.map(one, requests))
+        answers.got = list(pool.map(one, range(len(requests)), requests))
     return answers
 
 
