@@ -527,6 +527,7 @@ class Kubernetes:
             if gpus.product:
                 flavors[gpus.product] = flavors.get(gpus.product, 0) + gpus.count
             self._ensure_node(api, m.name, plan.cluster, gpus, lab=s.mode == "lab", deadline=deadline)
+        self._remove_left(api, plan.cluster, {m.name for m in members})
         if s.container_toolkit:
             api.ensure_runtime_class("nvidia", "nvidia")
         for product in sorted(flavors):
@@ -554,6 +555,17 @@ class Kubernetes:
                 "metadata": {"name": LOCAL_QUEUE, "namespace": k8s.SYSTEM_NAMESPACE},
                 "spec": {"clusterQueue": CLUSTER_QUEUE},
             }, namespace=k8s.SYSTEM_NAMESPACE)  # fmt: skip
+
+    @staticmethod
+    def _remove_left(api: Api, cluster: str, members: set[str]) -> None:
+        """A node bcm labelled for this cluster that is no longer a member (retired, or left out of the
+        deploy) leaves it: its Node object is deleted, so nothing is scheduled there and it is not shown."""
+        got: Any = api.call("list nodes", api.core.list_node, label_selector=f"{k8s.BCM_LABEL}={cluster}")
+        for node in got.items:
+            name = node.metadata.name
+            if name not in members:
+                api.call(f"delete node {name}", api.core.delete_node, name, missing_ok=True)
+                api.changes.append(f"node/{name} deleted (left the cluster)")
 
     def _ensure_node(
         self, api: Api, name: str, cluster: str, gpus: k8s.NodeGpus, *, lab: bool, deadline: float
