@@ -32,7 +32,9 @@ class Server:
     log: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"  # where it listens; clients always use loopback
-    argv: list[str] = field(default_factory=lambda: list(BCM))  # the bcm it runs (an installed one: its bin/bcm)
+    argv: list[str] = field(
+        default_factory=lambda: list(BCM)
+    )  # the bcm it runs (an installed one: its bin/bcm)
     cwd: Path = REPO
     tls: bool = False  # the API over https (BCM_TLS__ENABLED), boot files on boot_port
     boot_port: int = field(default_factory=free_port)

@@ -69,8 +69,10 @@ class RateFloor:
         if now - self.start < self.window_s:
             return
         if self.moved < self.bytes_s * self.window_s:
-            raise SlowReader(f"the client took {self.moved} bytes in {now - self.start:.0f} s, under the minimum "
-                             f"of {self.bytes_s} bytes/s")  # fmt: skip
+            raise SlowReader(
+                f"the client took {self.moved} bytes in {now - self.start:.0f} s, under the minimum "
+                f"of {self.bytes_s} bytes/s"
+            )
         self.start, self.moved = now, 0
 
 
@@ -148,7 +150,9 @@ async def _pathsend(cycle: RequestResponseCycle, send: Any, path: str, offset: i
     try:
         await sendfile(fd, path, offset, size)
         stats.sendfile_bytes += size
-    except OSError as exc:  # the client went away or stalled, or the file changed size: the connection is done
+    except (
+        OSError
+    ) as exc:  # the client went away or stalled, or the file changed size: the connection is done
         stats.aborted += 1
         log.info("boot artifact %s not sent whole: %s", os.path.basename(path), exc)
         transport.close()

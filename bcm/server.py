@@ -84,9 +84,13 @@ def serve(settings: Settings) -> None:
     log.info("bcm serving on %s://%s:%s, database %s", scheme, settings.host, settings.port, db)
     if server_tls:
         ca = tls.load_pem_cert(server_tls.ca_pem, "CA") if server_tls.ca_pem else None
-        log.info("TLS with %s; %s; boot files (plain HTTP) on http://%s:%s", server_tls.cert_file,
-                 f"CA fingerprint {tls.fingerprint(ca)}" if ca else "no CA published (BCM_TLS__CA_FILE unset)",
-                 settings.host, settings.tls.boot_port)  # fmt: skip - one log call
+        log.info(
+            "TLS with %s; %s; boot files (plain HTTP) on http://%s:%s",
+            server_tls.cert_file,
+            f"CA fingerprint {tls.fingerprint(ca)}" if ca else "no CA published (BCM_TLS__CA_FILE unset)",
+            settings.host,
+            settings.tls.boot_port,
+        )
     writers = settings.health.writer_processes(sqlite=engine.dialect.name == "sqlite")
     log.info("health reports written by %s", f"{writers} writer processes" if writers else "a server thread")
     if settings.pxe.enabled:  # a PXE setting dnsmasq would refuse stops the start, with one line
@@ -94,15 +98,22 @@ def serve(settings: Settings) -> None:
         from bcm.services import pxe
 
         dnsmasq.Supervisor(settings, list).prepare(pxe.server_url(settings) + "/boot/v1/ipxe/boot.ipxe")
-        log.info("PXE on %s (%s mode), boot scripts at %s", settings.pxe.interface, settings.pxe.mode,
-                 pxe.server_url(settings))  # fmt: skip
+        log.info(
+            "PXE on %s (%s mode), boot scripts at %s",
+            settings.pxe.interface,
+            settings.pxe.mode,
+            pxe.server_url(settings),
+        )
     app = create_app(settings, engine)
     app.state.ca_pem = server_tls.ca_pem if server_tls else None
     transfers = settings.images.max_transfers
     if transfers is not None and transfers < settings.pxe.max_concurrent:
-        log.warning("images.max_transfers (%d) is below pxe.max_concurrent (%d): nodes bcm provisions at once "
-                    "will be refused image downloads (503) while others hold them", transfers,
-                    settings.pxe.max_concurrent)  # fmt: skip
+        log.warning(
+            "images.max_transfers (%d) is below pxe.max_concurrent (%d): nodes bcm provisions at once "
+            "will be refused image downloads (503) while others hold them",
+            transfers,
+            settings.pxe.max_concurrent,
+        )
     set_min_rate(settings.images.min_rate_bytes_s, settings.images.min_rate_window_s)
     tune_gc()
     proxy_headers, trusted = forwarding(settings)
@@ -123,8 +134,15 @@ def serve(settings: Settings) -> None:
     if server_tls is None or boot_sock is None:
         uvicorn.run(app, host=settings.host, port=settings.port, **options)
         return
-    api = uvicorn.Config(app, host=settings.host, port=settings.port, ssl_certfile=str(server_tls.cert_file),
-                         ssl_keyfile=str(server_tls.key_file), ssl_ciphers=TLS12_CIPHERS, **options)  # fmt: skip - one call
+    api = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=str(server_tls.cert_file),
+        ssl_keyfile=str(server_tls.key_file),
+        ssl_ciphers=TLS12_CIPHERS,
+        **options,
+    )
     if not tls.is_admin_pair(settings):
         app.state.tls_renew = _renewer(settings, api, server_tls)
     api_url = tls.node_api_url(settings) or f"https://{settings.host}:{settings.port}"
@@ -137,7 +155,9 @@ def serve(settings: Settings) -> None:
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
 
 
-def _renewer(settings: Settings, api: uvicorn.Config, server_tls: tls.ServerTls) -> Callable[[], Awaitable[None]]:
+def _renewer(
+    settings: Settings, api: uvicorn.Config, server_tls: tls.ServerTls
+) -> Callable[[], Awaitable[None]]:
     """After `bcm pxe enable` changed the PXE address: a certificate that names it, served from the next
     handshake on (the live SSL context loads it; connections already open keep theirs)."""
 
@@ -168,8 +188,10 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise InvalidInput(f"setting BCM_TLS__BOOT_PORT: cannot listen on {host}:{port} ({exc.strerror})",
-                           field="BCM_TLS__BOOT_PORT") from None  # fmt: skip - one raise
+        raise InvalidInput(
+            f"setting BCM_TLS__BOOT_PORT: cannot listen on {host}:{port} ({exc.strerror})",
+            field="BCM_TLS__BOOT_PORT",
+        ) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -58,7 +58,6 @@ class HealthSettings(BaseModel):
     # (fewer, bigger transactions: each costs the writer and the database a fixed amount besides its rows)
     ingest_linger_ms: float = Field(default=5.0, ge=0, le=1000)
 
-
     def writer_processes(self, *, sqlite: bool) -> int:
         """``ingest_processes`` as set, else the default for this machine's cores and database."""
         if self.ingest_processes is not None:
@@ -97,7 +96,9 @@ class HttpSettings(BaseModel):
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=1_073_741_824)
     max_json_depth: int = Field(default=32, ge=4, le=256)
     auth_failures_per_minute: int = Field(default=30, ge=1, le=100_000)
-    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # the whole body, from the first byte read; 408
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600
+    )  # the whole body, from the first byte read; 408
     # comma-separated addresses/networks (or "*") whose X-Forwarded-For / -Proto are believed; none by
     # default, so the client address (logs, the brake, hello's node address) is the TCP peer's
     trusted_proxies: str = Field(default="", max_length=4096, pattern=r"^[0-9A-Fa-f.:/*, ]*$")
@@ -161,10 +162,14 @@ class PxeSettings(BaseModel):
     max_discovered: int = Field(default=4096, ge=1, le=1_000_000)
     # one unauthenticated discovery post stores at most this much JSON (an HGX server's facts are ~120 KiB)
     max_facts_bytes: int = Field(default=262_144, ge=4096, le=16_777_216)
-    max_discovered_bytes: int = Field(default=134_217_728, ge=65_536, le=2**40)  # all discovered machines' facts
+    max_discovered_bytes: int = Field(
+        default=134_217_728, ge=65_536, le=2**40
+    )  # all discovered machines' facts
     # a discovery rule names at most this many machines that were never provisioned; the rest stay discovered
     max_rule_registered: int = Field(default=256, ge=1, le=1_000_000)
-    kernel_args: str = Field(default="console=tty0 console=ttyS0,115200", max_length=512)  # the last is /dev/console
+    kernel_args: str = Field(
+        default="console=tty0 console=ttyS0,115200", max_length=512
+    )  # the last is /dev/console
 
     @field_validator("kernel_args")
     @classmethod
@@ -214,7 +219,9 @@ class HaSettings(BaseModel):
     """Several servers on one PostgreSQL database: the leader lease (dnsmasq, the provisioning queue, WLM
     sync and drains, power polling and pruning run on the leader only)."""
 
-    lease_s: float = Field(default=10.0, ge=0.5, le=600)  # a leader that cannot renew for this long is replaced
+    lease_s: float = Field(
+        default=10.0, ge=0.5, le=600
+    )  # a leader that cannot renew for this long is replaced
     # where this server's API answers, as shown by `bcm ha status` (default: its host name and port)
     address: str | None = Field(default=None, max_length=256)
 

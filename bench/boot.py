@@ -67,8 +67,12 @@ def ensure_nginx() -> str:
     if os.geteuid() != 0:
         sys.exit("nginx is not installed (apt-get install nginx-light)")
     print("installing nginx-light (apt-get) …", flush=True)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "nginx-light"], check=True,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "nginx-light"],
+        check=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        stdout=subprocess.DEVNULL,
+    )
     return shutil.which("nginx") or "/usr/sbin/nginx"
 
 
@@ -80,8 +84,11 @@ def publish(state: Path, size_mb: int) -> Path:
         staging = image_svc.staging_dir(settings.images_dir, "bootbench", image.version, 1)
         staging.mkdir(parents=True)
         found = []
-        for kind, filename, size in (("kernel", "vmlinuz", 8 << 20), ("initramfs", "initramfs.img", 16 << 20),
-                                     ("rootfs", "rootfs.squashfs", size_mb << 20)):  # fmt: skip
+        for kind, filename, size in (
+            ("kernel", "vmlinuz", 8 << 20),
+            ("initramfs", "initramfs.img", 16 << 20),
+            ("rootfs", "rootfs.squashfs", size_mb << 20),
+        ):
             h = hashlib.sha256()
             with open(staging / filename, "wb") as f:
                 left = size
@@ -122,7 +129,9 @@ def serving(args: argparse.Namespace) -> None:
             rel = f"/boot/v1/images/bootbench/{vdir.name}/rootfs.squashfs"
             port = free_port()
             (work / "nginx").mkdir()
-            (work / "nginx" / "nginx.conf").write_text(NGINX_CONF.format(dir=work / "nginx", port=port, root=vdir))
+            (work / "nginx" / "nginx.conf").write_text(
+                NGINX_CONF.format(dir=work / "nginx", port=port, root=vdir)
+            )
             ngx = subprocess.Popen([nginx, "-c", str(work / "nginx" / "nginx.conf"), "-g", "daemon off;"])
             time.sleep(1)
             size = args.size_mb << 20
@@ -131,7 +140,9 @@ def serving(args: argparse.Namespace) -> None:
             download(f"http://127.0.0.1:{port}/rootfs.squashfs", 1, 1, size)
             results: dict[str, list[float]] = {"nginx": [], "bcm": []}
             for _ in range(2):
-                results["nginx"].append(download(f"http://127.0.0.1:{port}/rootfs.squashfs", args.clients, args.rounds, size))
+                results["nginx"].append(
+                    download(f"http://127.0.0.1:{port}/rootfs.squashfs", args.clients, args.rounds, size)
+                )
                 results["bcm"].append(download(f"{server.url}{rel}", args.clients, args.rounds, size))
         finally:
             if ngx is not None:
@@ -139,8 +150,10 @@ def serving(args: argparse.Namespace) -> None:
                 ngx.wait(timeout=10)
             server.stop()
     best = {k: max(v) for k, v in results.items()}
-    print(f"artifact serving, {args.clients} concurrent clients x {args.rounds} x {args.size_mb} MiB (loopback, "
-          f"{os.cpu_count()} cores):")  # fmt: skip
+    print(
+        f"artifact serving, {args.clients} concurrent clients x {args.rounds} x {args.size_mb} MiB (loopback, "
+        f"{os.cpu_count()} cores):"
+    )
     for k in ("nginx", "bcm"):
         print(f"  {k:6s} {best[k]:8.0f} MiB/s   (runs: {', '.join(f'{x:.0f}' for x in results[k])})")
     print(f"  bcm/nginx = {best['bcm'] / best['nginx']:.2f}x   (goal >= 0.9x)")
@@ -210,8 +223,15 @@ def vm_boot(args: argparse.Namespace) -> None:
     server = Server(work / "state", host="0.0.0.0")
 
     def cli(*a: str, timeout: float = 1800) -> str:
-        done = subprocess.run([*BCM, *a], env=server.env(), cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            [*BCM, *a],
+            env=server.env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if done.returncode != 0:
             raise SystemExit(f"bcm {' '.join(a)} failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
         return done.stdout
@@ -221,8 +241,21 @@ def vm_boot(args: argparse.Namespace) -> None:
     raw_s: list[float] = []
     try:
         server.start()
-        cli("lab", "up", "--nodes", "1", "--gpus", "0", "--vms", "1", "--discover-vms", "--name", LAB,
-            "--subnet", SUBNET)  # fmt: skip
+        cli(
+            "lab",
+            "up",
+            "--nodes",
+            "1",
+            "--gpus",
+            "0",
+            "--vms",
+            "1",
+            "--discover-vms",
+            "--name",
+            LAB,
+            "--subnet",
+            SUBNET,
+        )
         cli("image", "build", "lab", timeout=3600)
         image = json.loads(cli("image", "show", "lab", "--json"))
         cli("pxe", "enable", "--interface", f"{LAB}-prov", "--address", HEAD, "--range", RANGE)
@@ -234,7 +267,15 @@ def vm_boot(args: argparse.Namespace) -> None:
         cli("lab", "vm-bmc", machine.name, "bb01", "--name", LAB)
         for i in range(args.boots):  # bcm: the verb → `booted` (`reimage` once the node has booted)
             t0 = time.monotonic()
-            cli("node", "reimage" if i else "provision", "bb01", "--wait", "--timeout", str(BOOT_WAIT_S), timeout=BOOT_WAIT_S + 60)
+            cli(
+                "node",
+                "reimage" if i else "provision",
+                "bb01",
+                "--wait",
+                "--timeout",
+                str(BOOT_WAIT_S),
+                timeout=BOOT_WAIT_S + 60,
+            )
             bcm_s.append(time.monotonic() - t0)
             print(f"bcm: provision → booted in {bcm_s[-1]:.1f} s", flush=True)
             # `booted` starts the node's first inventory; the next provision waits for it (else a 409)
@@ -249,7 +290,11 @@ def vm_boot(args: argparse.Namespace) -> None:
         root.mkdir(parents=True)
         vdir = server.state_dir / "images" / "lab" / image["version"]
         files = {a["kind"]: a for a in image["artifacts"]}
-        for kind, target in (("kernel", "vmlinuz"), ("initramfs", "initrd.img"), ("rootfs", "rootfs.squashfs")):
+        for kind, target in (
+            ("kernel", "vmlinuz"),
+            ("initramfs", "initrd.img"),
+            ("rootfs", "rootfs.squashfs"),
+        ):
             os.link(vdir / files[kind]["filename"], root / target)  # same disk, same bytes
         port = free_port()
         url = f"http://{HEAD}:{port}"
@@ -258,9 +303,12 @@ def vm_boot(args: argparse.Namespace) -> None:
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for path, text, mode in (
                 ("usr/local/sbin/bcm-hello", render("overlay/usr/local/sbin/bcm-hello.j2", **ctx), 0o755),
-                ("etc/systemd/system/bcm-hello.service",
-                 render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx), 0o644),
-            ):  # fmt: skip
+                (
+                    "etc/systemd/system/bcm-hello.service",
+                    render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx),
+                    0o644,
+                ),
+            ):
                 info = tarfile.TarInfo(path)
                 info.size, info.mode = len(text.encode()), mode
                 tar.addfile(info, io.BytesIO(text.encode()))
@@ -268,21 +316,31 @@ def vm_boot(args: argparse.Namespace) -> None:
             link.type, link.linkname = tarfile.SYMTYPE, "/etc/systemd/system/bcm-hello.service"
             tar.addfile(link)
         (root / "overlay.tar.gz").write_bytes(buf.getvalue())
-        cmdline = " ".join([
-            f"bcm.root={url}/rootfs.squashfs", f"bcm.root_sha256={files['rootfs']['sha256']}",
-            f"bcm.overlay={url}/overlay.tar.gz", f"bcm.server={url}", "bcm.node=bb01", f"bcm.mac={machine.mac}",
-            "bcm.token=raw", PxeSettings().kernel_args,
-        ])  # fmt: skip
+        cmdline = " ".join(
+            [
+                f"bcm.root={url}/rootfs.squashfs",
+                f"bcm.root_sha256={files['rootfs']['sha256']}",
+                f"bcm.overlay={url}/overlay.tar.gz",
+                f"bcm.server={url}",
+                "bcm.node=bb01",
+                f"bcm.mac={machine.mac}",
+                "bcm.token=raw",
+                PxeSettings().kernel_args,
+            ]
+        )
         (root / "boot.ipxe").write_text(
             f"#!ipxe\nkernel --name vmlinuz {url}/vmlinuz initrd=initrd.img {cmdline}\n"
             f"initrd --name initrd.img {url}/initrd.img\nboot\n"
         )
         start, end = RANGE.split("-")
-        (raw / "dnsmasq.conf").write_text(RAW_DNSMASQ.format(interface=f"{LAB}-prov", dir=raw, start=start, end=end,
-                                                             head=HEAD, port=port))  # fmt: skip
+        (raw / "dnsmasq.conf").write_text(
+            RAW_DNSMASQ.format(interface=f"{LAB}-prov", dir=raw, start=start, end=end, head=HEAD, port=port)
+        )
         (raw / "nginx.conf").write_text(RAW_NGINX.format(dir=raw, head=HEAD, port=port, root=root))
         procs.append(subprocess.Popen([nginx, "-c", str(raw / "nginx.conf"), "-g", "daemon off;"]))
-        procs.append(subprocess.Popen(["dnsmasq", "--keep-in-foreground", "--conf-file=" + str(raw / "dnsmasq.conf")]))
+        procs.append(
+            subprocess.Popen(["dnsmasq", "--keep-in-foreground", "--conf-file=" + str(raw / "dnsmasq.conf")])
+        )
         time.sleep(1)
         for _ in range(args.boots):
             log = raw / "access.log"
@@ -303,8 +361,14 @@ def vm_boot(args: argparse.Namespace) -> None:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
-        subprocess.run([*BCM, "lab", "down", "--name", LAB], env=server.env(), cwd=REPO, capture_output=True,
-                       timeout=300, check=False)  # fmt: skip
+        subprocess.run(
+            [*BCM, "lab", "down", "--name", LAB],
+            env=server.env(),
+            cwd=REPO,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     b, r = min(bcm_s), min(raw_s)

@@ -112,11 +112,16 @@ def serve_http(hosts: list[str], port: int, handle: Handler, ready: Any) -> None
                 head = await reader.readuntil(b"\r\n\r\n")
                 line, *rest = head.decode("latin-1").split("\r\n")
                 method, path, _ = line.split(" ", 2)
-                length = next((int(h.split(":", 1)[1]) for h in rest if h.lower().startswith("content-length:")), 0)
+                length = next(
+                    (int(h.split(":", 1)[1]) for h in rest if h.lower().startswith("content-length:")), 0
+                )
                 body = await reader.readexactly(length) if length else b""
                 code, answer = handle(method, path, body, local)
-                writer.write(f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {len(answer)}"
-                             f"\r\n\r\n".encode() + answer)  # fmt: skip
+                writer.write(
+                    f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {len(answer)}"
+                    f"\r\n\r\n".encode()
+                    + answer
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
@@ -141,23 +146,49 @@ def bmc_service(hosts: list[str], port: int, events: Any) -> None:
     def handle(method: str, path: str, body: bytes, local: str) -> tuple[int, bytes]:
         path = path.rstrip("/") or "/"
         if method == "GET" and path == "/redfish/v1":
-            return 200, json.dumps({"@odata.id": "/redfish/v1/", "@odata.type": "#ServiceRoot.v1_5_0.ServiceRoot",
-                                    "Id": "RootService", "RedfishVersion": "1.5.0",
-                                    "Systems": {"@odata.id": "/redfish/v1/Systems"}}).encode()  # fmt: skip
+            return 200, json.dumps(
+                {
+                    "@odata.id": "/redfish/v1/",
+                    "@odata.type": "#ServiceRoot.v1_5_0.ServiceRoot",
+                    "Id": "RootService",
+                    "RedfishVersion": "1.5.0",
+                    "Systems": {"@odata.id": "/redfish/v1/Systems"},
+                }
+            ).encode()
         if method == "GET" and path == "/redfish/v1/Systems":
-            return 200, json.dumps({"@odata.id": "/redfish/v1/Systems", "Members@odata.count": 1,
-                                    "@odata.type": "#ComputerSystemCollection.ComputerSystemCollection",
-                                    "Members": [{"@odata.id": system}]}).encode()  # fmt: skip
+            return 200, json.dumps(
+                {
+                    "@odata.id": "/redfish/v1/Systems",
+                    "Members@odata.count": 1,
+                    "@odata.type": "#ComputerSystemCollection.ComputerSystemCollection",
+                    "Members": [{"@odata.id": system}],
+                }
+            ).encode()
         if method == "GET" and path == system:
-            return 200, json.dumps({
-                "@odata.id": system, "@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem", "Id": "1",
-                "PowerState": power[local],
-                "Boot": {"BootSourceOverrideEnabled": "Once", "BootSourceOverrideTarget": "Pxe",
-                         "BootSourceOverrideTarget@Redfish.AllowableValues": ["Pxe", "Hdd"]},
-                "Actions": {"#ComputerSystem.Reset": {
-                    "target": f"{system}/Actions/ComputerSystem.Reset",
-                    "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "ForceRestart"]}},
-            }).encode()  # fmt: skip
+            return 200, json.dumps(
+                {
+                    "@odata.id": system,
+                    "@odata.type": "#ComputerSystem.v1_10_0.ComputerSystem",
+                    "Id": "1",
+                    "PowerState": power[local],
+                    "Boot": {
+                        "BootSourceOverrideEnabled": "Once",
+                        "BootSourceOverrideTarget": "Pxe",
+                        "BootSourceOverrideTarget@Redfish.AllowableValues": ["Pxe", "Hdd"],
+                    },
+                    "Actions": {
+                        "#ComputerSystem.Reset": {
+                            "target": f"{system}/Actions/ComputerSystem.Reset",
+                            "ResetType@Redfish.AllowableValues": [
+                                "On",
+                                "ForceOff",
+                                "GracefulShutdown",
+                                "ForceRestart",
+                            ],
+                        }
+                    },
+                }
+            ).encode()
         if method == "PATCH" and path == system:
             return 204, b""
         if method == "POST" and path == f"{system}/Actions/ComputerSystem.Reset":
@@ -204,14 +235,26 @@ class Conn:
             self.rw[1].close()
             self.rw = None
 
-    async def request(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"",
-                      keep: bool = True) -> tuple[str, bytes, int]:  # fmt: skip
+    async def request(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+        keep: bool = True,
+    ) -> tuple[str, bytes, int]:
         """(head in lower case, body if ``keep`` else b"", body length); a 503 raises Busy, another
         status outside 2xx ValueError."""
         if self.rw is None:
-            self.rw = await asyncio.open_connection(self.host, self.port, local_addr=(self.source, 0), limit=4 * CHUNK)
+            self.rw = await asyncio.open_connection(
+                self.host, self.port, local_addr=(self.source, 0), limit=4 * CHUNK
+            )
         reader, writer = self.rw
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
+        lines = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {self.host}:{self.port}",
+            f"Content-Length: {len(body)}",
+        ]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
         try:
@@ -268,8 +311,15 @@ class Run:
     scripts: dict[str, str] = field(default_factory=dict)
     overlays: dict[str, bytes] = field(default_factory=dict)
 
-    async def call(self, conn: Conn, method: str, url: str, headers: dict[str, str] | None = None,
-                   body: bytes = b"", keep: bool = True) -> tuple[str, bytes]:  # fmt: skip
+    async def call(
+        self,
+        conn: Conn,
+        method: str,
+        url: str,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+        keep: bool = True,
+    ) -> tuple[str, bytes]:
         """(head, body) of one request, retried after a 503's Retry-After (counted as busy) and, at most
         twice, after an error (each counted as a failure); every try bounded by the request timeout."""
         u = httpx.URL(url)
@@ -283,13 +333,20 @@ class Run:
                 raise TimeoutError(f"{self.label}: the run's time is up")
             self.first_byte = self.first_byte or time.monotonic()
             try:
-                head, data, got = await asyncio.wait_for(conn.request(method, path, headers, body, keep),
-                                                         self.request_timeout)  # fmt: skip
+                head, data, got = await asyncio.wait_for(
+                    conn.request(method, path, headers, body, keep), self.request_timeout
+                )
             except Busy as exc:
                 self.busy += 1
                 await asyncio.sleep(min(exc.after, 5.0))
                 continue
-            except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            except (
+                OSError,
+                ValueError,
+                TimeoutError,
+                asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError,
+            ) as exc:
                 errors += 1
                 what = path.split("/")[3] if path.startswith("/boot/v1/") else path
                 self.failures[f"{method} {what}: {type(exc).__name__}"] += 1
@@ -314,8 +371,9 @@ class Run:
         try:
             _, entry = await self.call(conn, "GET", f"{base}/boot/v1/ipxe/boot.ipxe")
             chained = re.search(r"chain --autofree (\S+)/boot/v1/ipxe/", entry.decode())
-            _, text = await self.call(conn, "GET", f"{chained.group(1) if chained else base}/boot/v1/ipxe/"
-                                      f"{mac.replace(':', '-')}")  # fmt: skip
+            _, text = await self.call(
+                conn, "GET", f"{chained.group(1) if chained else base}/boot/v1/ipxe/{mac.replace(':', '-')}"
+            )
             script = self.scripts[mac] = text.decode()
             kernel = re.search(r"^kernel --name \S+ (\S+) (.*?) \|\| goto", script, re.M)
             initrd = re.search(r"^initrd --name \S+ (\S+)", script, re.M)
@@ -327,8 +385,13 @@ class Run:
             conn.close()  # the initramfs: a new TCP stack, new connections
             offset, size = 0, 1
             while offset < size:
-                head, _ = await self.call(conn, "GET", args["bcm.root"],
-                                          {"Range": f"bytes={offset}-{offset + self.range_bytes - 1}"}, keep=False)  # fmt: skip
+                head, _ = await self.call(
+                    conn,
+                    "GET",
+                    args["bcm.root"],
+                    {"Range": f"bytes={offset}-{offset + self.range_bytes - 1}"},
+                    keep=False,
+                )
                 m = re.search(r"\r\ncontent-range: *bytes (\d+)-(\d+)/(\d+)", head)
                 if m is None:
                     raise ValueError(f"{mac}: the root image came without Content-Range")
@@ -336,13 +399,25 @@ class Run:
             token = {"Authorization": f"Bearer {args['bcm.token']}"}
             _, self.overlays[mac] = await self.call(conn, "GET", args["bcm.overlay"], token)
             conn.close()  # the booted system: bcm-hello, then the agent
-            _, hello = await self.call(conn, "POST", f"{args['bcm.server']}/boot/v1/hello",
-                                       {"Content-Type": "application/json", **token},
-                                       json.dumps({"mac": mac}).encode())  # fmt: skip
+            _, hello = await self.call(
+                conn,
+                "POST",
+                f"{args['bcm.server']}/boot/v1/hello",
+                {"Content-Type": "application/json", **token},
+                json.dumps({"mac": mac}).encode(),
+            )
             self.booted[mac] = time.monotonic()
-            agent = {"Authorization": f"Bearer {json.loads(hello)['agent_token']}", "Content-Type": "application/json"}
-            await self.call(conn, "POST", f"{args['bcm.server']}/boot/v1/agent/report", agent,
-                            self.reports[args["bcm.node"]])  # fmt: skip
+            agent = {
+                "Authorization": f"Bearer {json.loads(hello)['agent_token']}",
+                "Content-Type": "application/json",
+            }
+            await self.call(
+                conn,
+                "POST",
+                f"{args['bcm.server']}/boot/v1/agent/report",
+                agent,
+                self.reports[args["bcm.node"]],
+            )
             self.reported[mac] = time.monotonic()
         except Exception as exc:  # one machine's failure must not stop the others
             self.failures[f"machine gave up: {type(exc).__name__}"] += 1
@@ -364,7 +439,11 @@ def publish(state: Path, sizes: dict[str, int]) -> Path:
         staging = image_svc.staging_dir(settings.images_dir, IMAGE, image.version, 1)
         staging.mkdir(parents=True)
         found = []
-        for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+        for kind, filename in (
+            ("kernel", "vmlinuz"),
+            ("initramfs", "initramfs.img"),
+            ("rootfs", "rootfs.squashfs"),
+        ):
             h = hashlib.sha256()
             with open(staging / filename, "wb") as f:
                 left = sizes[kind]
@@ -385,18 +464,28 @@ def register(server: Server, n: int, bmc_port: int) -> tuple[str, list[tuple[str
     """(hostlist, [(name, mac, bmc address)]) of ``n`` nodes registered through the API, BMCs and passwords set."""
     width = len(str(n))
     hostlist = f"storm[{1:0{width}d}-{n:0{width}d}]"
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"}, timeout=120,
-                      trust_env=False) as api:  # fmt: skip
+    with httpx.Client(
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {server.token()}"},
+        timeout=120,
+        trust_env=False,
+    ) as api:
 
         def ok(r: httpx.Response) -> Any:
             if r.status_code >= 300:
                 raise SystemExit(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:500]}")
             return r.json()
 
-        ok(api.post("/api/v1/categories", json={"name": CATEGORY, "image": IMAGE, "bmc_protocol": "redfish",
-                                                "bmc_user": "admin"}))  # fmt: skip
+        ok(
+            api.post(
+                "/api/v1/categories",
+                json={"name": CATEGORY, "image": IMAGE, "bmc_protocol": "redfish", "bmc_user": "admin"},
+            )
+        )
         ok(api.put(f"/api/v1/categories/{CATEGORY}/bmc-allow-http", json={"allow": True}))
-        created = ok(api.post("/api/v1/nodes/bulk", json={"nodes": hostlist, "category": CATEGORY, "mac": FIRST_MAC}))
+        created = ok(
+            api.post("/api/v1/nodes/bulk", json={"nodes": hostlist, "category": CATEGORY, "mac": FIRST_MAC})
+        )
         nodes = sorted((c["name"], c["interfaces"][0]["mac"]) for c in created)
         machines = [(name, mac, str(BMC_NET + i)) for i, (name, mac) in enumerate(nodes)]
 
@@ -419,7 +508,9 @@ def child(target: Callable[..., None], *args: Any) -> tuple[Any, Any]:
     return proc, ours
 
 
-async def storm_bcm(run: Run, server: Server, hostlist: str, machines: list[tuple[str, str, str]], events: Any) -> None:
+async def storm_bcm(
+    run: Run, server: Server, hostlist: str, machines: list[tuple[str, str, str]], events: Any
+) -> None:
     """The provision verb, then every machine when its BMC powers it on."""
     loop = asyncio.get_running_loop()
     pressed: dict[str, asyncio.Future[float]] = {bmc: loop.create_future() for _, _, bmc in machines}
@@ -432,20 +523,30 @@ async def storm_bcm(run: Run, server: Server, hostlist: str, machines: list[tupl
 
     loop.add_reader(events.fileno(), power_button)
     try:
-        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"},
-                                     timeout=120, trust_env=False) as api:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {server.token()}"},
+            timeout=120,
+            trust_env=False,
+        ) as api:
             run.t0 = time.monotonic()
-            r = await api.post("/api/v1/nodes/actions/provision", json={"nodes": hostlist, "reason": "boot storm"})
+            r = await api.post(
+                "/api/v1/nodes/actions/provision", json={"nodes": hostlist, "reason": "boot storm"}
+            )
             if r.status_code >= 300:
                 raise SystemExit(f"provision: {r.status_code} {r.text[:500]}")
-        waits = [run.machine(mac, str(MACHINE_NET + i), server.url, pressed[bmc])
-                 for i, (_, mac, bmc) in enumerate(machines)]  # fmt: skip
+        waits = [
+            run.machine(mac, str(MACHINE_NET + i), server.url, pressed[bmc])
+            for i, (_, mac, bmc) in enumerate(machines)
+        ]
         await bounded(run, waits)
     finally:
         loop.remove_reader(events.fileno())
 
 
-async def storm_replayed(run: Run, url: str, machines: list[tuple[str, str, str]], offsets: dict[str, float]) -> None:
+async def storm_replayed(
+    run: Run, url: str, machines: list[tuple[str, str, str]], offsets: dict[str, float]
+) -> None:
     """Every machine pressed at the same offset after the first power-on as in bcm's run."""
     run.t0 = time.monotonic()
 
@@ -453,8 +554,14 @@ async def storm_replayed(run: Run, url: str, machines: list[tuple[str, str, str]
         await asyncio.sleep(max(0.0, run.t0 + offset - time.monotonic()))
         return time.monotonic()
 
-    await bounded(run, [run.machine(mac, str(MACHINE_NET + i), url, press(offsets[mac]))
-                        for i, (_, mac, _) in enumerate(machines) if mac in offsets])  # fmt: skip
+    await bounded(
+        run,
+        [
+            run.machine(mac, str(MACHINE_NET + i), url, press(offsets[mac]))
+            for i, (_, mac, _) in enumerate(machines)
+            if mac in offsets
+        ],
+    )
 
 
 async def bounded(run: Run, machines: Sequence[Awaitable[None]]) -> None:
@@ -463,9 +570,12 @@ async def bounded(run: Run, machines: Sequence[Awaitable[None]]) -> None:
     async def progress() -> None:
         while True:
             await asyncio.sleep(15)
-            print(f"  [{run.label} {time.monotonic() - run.t0:4.0f} s] powered on {len(run.powered)}, booted "
-                  f"{len(run.booted)}, reported {len(run.reported)}, {run.moved / (1 << 30):.1f} GiB, busy {run.busy}, "
-                  f"failures {sum(run.failures.values())}", flush=True)  # fmt: skip
+            print(
+                f"  [{run.label} {time.monotonic() - run.t0:4.0f} s] powered on {len(run.powered)}, booted "
+                f"{len(run.booted)}, reported {len(run.reported)}, {run.moved / (1 << 30):.1f} GiB, busy {run.busy}, "
+                f"failures {sum(run.failures.values())}",
+                flush=True,
+            )
 
     ticker = asyncio.create_task(progress())
     try:
@@ -545,7 +655,8 @@ def nginx_root(work: Path, run: Run, vdir: Path, bcm_url: str, ngx_url: str, pee
     (root / "boot/v1/ipxe").mkdir(parents=True)
     (root / "boot/v1/overlay").mkdir(parents=True)
     (root / "boot/v1/ipxe/boot.ipxe").write_text(
-        f"#!ipxe\nchain --autofree {ngx_url}/boot/v1/ipxe/${{netX/mac:hexhyp}} || goto failed\n")
+        f"#!ipxe\nchain --autofree {ngx_url}/boot/v1/ipxe/${{netX/mac:hexhyp}} || goto failed\n"
+    )
     for mac, script in run.scripts.items():
         text = script.replace(f"bcm.server={bcm_url}", f"bcm.server={peer_url}").replace(bcm_url, ngx_url)
         (root / "boot/v1/ipxe" / mac.replace(":", "-")).write_text(text)
@@ -576,7 +687,9 @@ def main() -> None:
     ap.add_argument("--kernel-mib", type=int, default=8)
     ap.add_argument("--initramfs-mib", type=int, default=8)
     ap.add_argument("--rootfs-mib", type=int, default=64)
-    ap.add_argument("--range-mib", type=int, default=16, help="the root image is fetched in ranges of this size")
+    ap.add_argument(
+        "--range-mib", type=int, default=16, help="the root image is fetched in ranges of this size"
+    )
     ap.add_argument("--request-timeout", type=float, default=300.0, help="seconds for one request")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for each run (bcm, nginx) in all")
     args = ap.parse_args()
@@ -588,7 +701,11 @@ def main() -> None:
     n = args.machines
     passed = {k: v for k, v in os.environ.items() if k.startswith("BCM_")}
     server_env = {"BCM_PXE__MAX_CONCURRENT": str(n), "BCM_POWER__POLL_INTERVAL_S": "0", **passed}
-    sizes = {"kernel": args.kernel_mib << 20, "initramfs": args.initramfs_mib << 20, "rootfs": args.rootfs_mib << 20}
+    sizes = {
+        "kernel": args.kernel_mib << 20,
+        "initramfs": args.initramfs_mib << 20,
+        "rootfs": args.rootfs_mib << 20,
+    }
     tmpl = template(8)
     procs: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="bcm-bootstorm-") as tmp:
@@ -606,20 +723,30 @@ def main() -> None:
             vdir = publish(server.state_dir, sizes)
             t_setup = time.monotonic()
             hostlist, machines = register(server, n, bmc_port)
-            print(f"setup: {n} nodes registered with BMCs through the API in {time.monotonic() - t_setup:.1f} s",
-                  flush=True)  # fmt: skip
+            print(
+                f"setup: {n} nodes registered with BMCs through the API in {time.monotonic() - t_setup:.1f} s",
+                flush=True,
+            )
             reports = dict(zip([m[0] for m in machines], bodies([m[0] for m in machines], tmpl), strict=True))
             cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-            bcm = Run("bcm", time.monotonic() + args.timeout, args.request_timeout, args.range_mib << 20, reports)
+            bcm = Run(
+                "bcm", time.monotonic() + args.timeout, args.request_timeout, args.range_mib << 20, reports
+            )
             asyncio.run(storm_bcm(bcm, server, hostlist, machines, events))
             cpu1 = resource.getrusage(resource.RUSAGE_SELF)
             hwm = vm_hwm_kib(server.proc.pid)
             kids = {pid: vm_hwm_kib(pid) for pid in children(server.proc.pid)}
-            with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"},
-                              timeout=60, trust_env=False) as api:  # fmt: skip
+            with httpx.Client(
+                base_url=server.url,
+                headers={"Authorization": f"Bearer {server.token()}"},
+                timeout=60,
+                trust_env=False,
+            ) as api:
                 states: Counter[str] = Counter()
                 for offset in range(0, n, 1000):
-                    page = api.get("/api/v1/nodes", params={"category": CATEGORY, "limit": 1000, "offset": offset})
+                    page = api.get(
+                        "/api/v1/nodes", params={"category": CATEGORY, "limit": 1000, "offset": offset}
+                    )
                     states.update(node["provision_state"] for node in page.json()["items"])
             rows = database_rows(server.state_dir / "bcm.db")
             server.stop()
@@ -628,12 +755,16 @@ def main() -> None:
             ngx_url, peer_url = f"http://127.0.0.1:{ngx_port}", f"http://127.0.0.1:{peer_port}"
             root = nginx_root(work, bcm, vdir, server.url, ngx_url, peer_url)
             (work / "nginx").mkdir()
-            (work / "nginx" / "nginx.conf").write_text(NGINX_CONF.format(dir=work / "nginx", port=ngx_port, root=root))
+            (work / "nginx" / "nginx.conf").write_text(
+                NGINX_CONF.format(dir=work / "nginx", port=ngx_port, root=root)
+            )
             ngx = subprocess.Popen([nginx, "-c", str(work / "nginx" / "nginx.conf"), "-g", "daemon off;"])
             time.sleep(1)
             first = min(bcm.powered.values(), default=0.0)
             offsets = {m: t - first for m, t in bcm.powered.items() if m in bcm.scripts}
-            ref = Run("nginx", time.monotonic() + args.timeout, args.request_timeout, args.range_mib << 20, reports)
+            ref = Run(
+                "nginx", time.monotonic() + args.timeout, args.request_timeout, args.range_mib << 20, reports
+            )
             asyncio.run(storm_replayed(ref, ngx_url, machines, offsets))
             cpu2 = resource.getrusage(resource.RUSAGE_SELF)
             limit = loopback_limit(vdir / "rootfs.squashfs")
@@ -645,59 +776,114 @@ def main() -> None:
             for proc in procs:
                 proc.kill()
                 proc.join(10)
-    report_figures(args, server_env, settings, bcm, ref, limit, hwm, kids, states, rows,
-                   (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
-                    cpu2.ru_utime + cpu2.ru_stime - cpu1.ru_utime - cpu1.ru_stime))  # fmt: skip
+    report_figures(
+        args,
+        server_env,
+        settings,
+        bcm,
+        ref,
+        limit,
+        hwm,
+        kids,
+        states,
+        rows,
+        (
+            cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
+            cpu2.ru_utime + cpu2.ru_stime - cpu1.ru_utime - cpu1.ru_stime,
+        ),
+    )
 
 
-def report_figures(args: argparse.Namespace, env: dict[str, str], settings: Settings, bcm: Run, ref: Run,
-                   limit: float, hwm: int, kids: dict[int, int], states: Counter[str], rows: dict[str, int],
-                   client_cpu: tuple[float, float]) -> None:  # fmt: skip
+def report_figures(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    settings: Settings,
+    bcm: Run,
+    ref: Run,
+    limit: float,
+    hwm: int,
+    kids: dict[int, int],
+    states: Counter[str],
+    rows: dict[str, int],
+    client_cpu: tuple[float, float],
+) -> None:
     b, r = figures(bcm), figures(ref)
     load = os.getloadavg()[0]
-    print(f"\nboot storm: {args.machines} machines, kernel {args.kernel_mib} MiB + initramfs {args.initramfs_mib} MiB "
-          f"+ root image {args.rootfs_mib} MiB in {args.range_mib} MiB ranges (loopback, {os.cpu_count()} cores, "
-          f"load {load:.1f} now)")  # fmt: skip
-    print(f"  BCM_PXE__MAX_CONCURRENT={env['BCM_PXE__MAX_CONCURRENT']}: how many nodes bcm provisions at once (it "
-          "powers them on through their BMCs and waits for their callbacks; the rest wait queued). It bounds "
-          "no download.")  # fmt: skip
+    print(
+        f"\nboot storm: {args.machines} machines, kernel {args.kernel_mib} MiB + initramfs {args.initramfs_mib} MiB "
+        f"+ root image {args.rootfs_mib} MiB in {args.range_mib} MiB ranges (loopback, {os.cpu_count()} cores, "
+        f"load {load:.1f} now)"
+    )
+    print(
+        f"  BCM_PXE__MAX_CONCURRENT={env['BCM_PXE__MAX_CONCURRENT']}: how many nodes bcm provisions at once (it "
+        "powers them on through their BMCs and waits for their callbacks; the rest wait queued). It bounds "
+        "no download."
+    )
     served = Settings(pxe={"max_concurrent": int(env["BCM_PXE__MAX_CONCURRENT"])})  # the limit bcm serve used
     im = settings.images
-    cap = (env.get("BCM_IMAGES__MAX_TRANSFERS", f"unset: {transfer_limit(served)}"),
-           env.get("BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT", str(im.max_transfers_per_client)))
-    print(f"  BCM_IMAGES__MAX_TRANSFERS={cap[0]} (per client address {cap[1]}): image downloads in flight; more "
-          "get 503 + Retry-After (retried here, counted as busy)")  # fmt: skip
+    cap = (
+        env.get("BCM_IMAGES__MAX_TRANSFERS", f"unset: {transfer_limit(served)}"),
+        env.get("BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT", str(im.max_transfers_per_client)),
+    )
+    print(
+        f"  BCM_IMAGES__MAX_TRANSFERS={cap[0]} (per client address {cap[1]}): image downloads in flight; more "
+        "get 503 + Retry-After (retried here, counted as busy)"
+    )
     print(f"  loopback's limit: {limit:,.0f} MiB/s (one TCP stream, sendfile → recv_into)")
-    print("  facts: no node-side facts endpoint exists (the SSH inventory after the callback collects them): skipped")
+    print(
+        "  facts: no node-side facts endpoint exists (the SSH inventory after the callback collects them): skipped"
+    )
     rows_ = [
         ("powered on: first → last (s)", f"{b['power']:.1f}", f"{r['power']:.1f} (replayed)"),
         ("first power-on → all booted (s)", f"{b['booted']:.1f}", f"{r['booted']:.1f}"),
         ("first power-on → all reported (s)", f"{b['reported']:.1f}", f"{r['reported']:.1f}"),
-        ("per machine power-on → booted p50/p99 (s)", f"{b['p50']:.1f} / {b['p99']:.1f}", f"{r['p50']:.1f} / {r['p99']:.1f}"),
-        ("booted / reported machines", f"{len(bcm.booted)} / {len(bcm.reported)}", f"{len(ref.booted)} / {len(ref.reported)}"),
+        (
+            "per machine power-on → booted p50/p99 (s)",
+            f"{b['p50']:.1f} / {b['p99']:.1f}",
+            f"{r['p50']:.1f} / {r['p99']:.1f}",
+        ),
+        (
+            "booted / reported machines",
+            f"{len(bcm.booted)} / {len(bcm.reported)}",
+            f"{len(ref.booted)} / {len(ref.reported)}",
+        ),
         ("moved (GiB)", f"{b['gib']:.1f}", f"{r['gib']:.1f}"),
         ("bytes/s, first request → last byte (MiB/s)", f"{b['mibs']:,.0f}", f"{r['mibs']:,.0f}"),
         ("artifact bytes/s, to the last artifact byte", f"{b['image_mibs']:,.0f}", f"{r['image_mibs']:,.0f}"),
         ("busy answers (503, retried)", str(bcm.busy), str(ref.busy)),
         ("failures (goal 0)", str(sum(bcm.failures.values())), str(sum(ref.failures.values()))),
         ("client CPU (s)", f"{client_cpu[0]:.1f}", f"{client_cpu[1]:.1f}"),
-    ]  # fmt: skip
+    ]
     print(f"  {'':44s} {'bcm':>16s}   {'nginx + peer':>16s}")
     for label, x, y in rows_:
         print(f"  {label:44s} {x:>16s}   {y:>16s}")
-    print(f"  bcm/nginx bytes/s = {b['mibs'] / r['mibs']:.2f}x (goal >= 0.9x); all booted: bcm "
-          f"{b['booted'] / r['booted']:.2f}x nginx's time")  # fmt: skip
-    print(f"  artifacts alone (the files both serve; the span ends at the last kernel/initramfs/root byte, before "
-          f"the last callbacks): bcm/nginx = {b['image_mibs'] / r['image_mibs']:.2f}x")  # fmt: skip
+    print(
+        f"  bcm/nginx bytes/s = {b['mibs'] / r['mibs']:.2f}x (goal >= 0.9x); all booted: bcm "
+        f"{b['booted'] / r['booted']:.2f}x nginx's time"
+    )
+    print(
+        f"  artifacts alone (the files both serve; the span ends at the last kernel/initramfs/root byte, before "
+        f"the last callbacks): bcm/nginx = {b['image_mibs'] / r['image_mibs']:.2f}x"
+    )
     for run in (bcm, ref):
         for what, count in run.failures.most_common(8):
             print(f"  {run.label} failure: {count} x {what}")
         for sample in run.samples:
             print(f"    e.g. {sample}")
-    why = (" (unreachable: the SSH inventory bcm starts after each callback finds no sshd at a simulated "
-           "machine's address)") if states.get("unreachable") else ""  # fmt: skip
+    why = (
+        (
+            " (unreachable: the SSH inventory bcm starts after each callback finds no sshd at a simulated "
+            "machine's address)"
+        )
+        if states.get("unreachable")
+        else ""
+    )
     print(f"  bcm's nodes after the run: {dict(states)}{why}")
-    kid = f" (+ {len(kids)} child processes, peak {max(kids.values()) / 1024:.0f} MiB each at most)" if kids else ""
+    kid = (
+        f" (+ {len(kids)} child processes, peak {max(kids.values()) / 1024:.0f} MiB each at most)"
+        if kids
+        else ""
+    )
     print(f"  bcm server peak RSS (VmHWM): {hwm / 1024:.0f} MiB{kid}")
     top = ", ".join(f"{t} {c}" for t, c in sorted(rows.items(), key=lambda kv: -kv[1])[:8])
     print(f"  database rows: {sum(rows.values()):,} in {len(rows)} tables ({top})")

@@ -58,8 +58,11 @@ def run(clients: int, total: int) -> None:
                         elif kind == 4:
                             r = c.get(f"/api/v1/nodes/{node}")
                         else:
-                            r = c.post(REPORT_URL, json=reports[node],
-                                       headers={"Authorization": f"Bearer {tokens[node]}"})  # fmt: skip
+                            r = c.post(
+                                REPORT_URL,
+                                json=reports[node],
+                                headers={"Authorization": f"Bearer {tokens[node]}"},
+                            )
                         return r.status_code, time.perf_counter() - t0
                     except httpx.HTTPError:
                         return 599, time.perf_counter() - t0
@@ -85,10 +88,12 @@ def run(clients: int, total: int) -> None:
             prober.join()
             times = [t for _, t in got]
             errors = sum(1 for s, _ in got if s >= 500)
-            print(f"{clients:>4} clients, {total} requests in {wall:.1f}s: 5xx {errors}, p50 {pct(times, 50) * 1000:.0f} ms,"
-                  f" p99 {pct(times, 99) * 1000:.0f} ms; /healthz max {max(healthz) * 1000:.0f} ms"
-                  f" (p50 {pct(healthz, 50) * 1000:.1f} ms, {len(healthz)} probes)"
-                  f" | before #27: {BEFORE.get(clients, '-')}")  # fmt: skip
+            print(
+                f"{clients:>4} clients, {total} requests in {wall:.1f}s: 5xx {errors}, p50 {pct(times, 50) * 1000:.0f} ms,"
+                f" p99 {pct(times, 99) * 1000:.0f} ms; /healthz max {max(healthz) * 1000:.0f} ms"
+                f" (p50 {pct(healthz, 50) * 1000:.1f} ms, {len(healthz)} probes)"
+                f" | before #27: {BEFORE.get(clients, '-')}"
+            )
         finally:
             srv.stop()
 

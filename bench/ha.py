@@ -136,20 +136,44 @@ def vip_failover(work: Path, lease: float, runs: int, rise: int = 1) -> list[flo
     from bcm.lab.heads import Heads
 
     name, port = f"bcmbench{uuid.uuid4().hex[:6]}", free_port()
-    subprocess.run(["pg_createcluster", "15", name, "-p", str(port), "--start-conf", "manual"], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["pg_createcluster", "15", name, "-p", str(port), "--start-conf", "manual"],
+        check=True,
+        capture_output=True,
+    )
     times = []
     try:
         Path(f"/etc/postgresql/15/{name}/pg_hba.conf").write_text("local all all trust\n")
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", "15", name, "start"], check=True)
         for sql in ("CREATE ROLE bcm LOGIN SUPERUSER", "CREATE DATABASE bcm OWNER bcm"):
-            subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-h", "/var/run/postgresql", "-p", str(port),
-                            "-qc", sql], check=True, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [
+                    "runuser",
+                    "-u",
+                    "postgres",
+                    "--",
+                    "psql",
+                    "-h",
+                    "/var/run/postgresql",
+                    "-p",
+                    str(port),
+                    "-qc",
+                    sql,
+                ],
+                check=True,
+                capture_output=True,
+            )
         url = f"postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql&port={port}"
         for _ in range(runs):
             with schema(url) as db:
-                heads = Heads(work / uuid.uuid4().hex[:6], 2, db, name=f"bb{uuid.uuid4().hex[:4]}", lease_s=lease,
-                              check_rise=rise)  # fmt: skip
+                heads = Heads(
+                    work / uuid.uuid4().hex[:6],
+                    2,
+                    db,
+                    name=f"bb{uuid.uuid4().hex[:4]}",
+                    lease_s=lease,
+                    check_rise=rise,
+                )
                 try:
                     heads.up()
                     head = {"Authorization": f"Bearer {heads.token()}"}
@@ -186,14 +210,21 @@ def throughput(base: str, work: Path, servers: int, clients: int, seconds: float
     """Verbs per second over ``servers`` servers; also the p99 latency and the count of 5xx answers."""
     with schema(base) as url:
         run = work / uuid.uuid4().hex[:6]
-        procs = [Server(run / f"s{i}", database_url=url, extra_env={"BCM_LOG_LEVEL": "warning"}) for i in range(servers)]
+        procs = [
+            Server(run / f"s{i}", database_url=url, extra_env={"BCM_LOG_LEVEL": "warning"})
+            for i in range(servers)
+        ]
         for p in procs:
             p.start()
         try:
             token = procs[0].token()
             head = {"Authorization": f"Bearer {token}"}
-            r = httpx.post(f"{procs[0].url}/api/v1/nodes/bulk", json={"nodes": f"v[0001-{clients:04d}]"}, headers=head,
-                           timeout=60)  # fmt: skip
+            r = httpx.post(
+                f"{procs[0].url}/api/v1/nodes/bulk",
+                json={"nodes": f"v[0001-{clients:04d}]"},
+                headers=head,
+                timeout=60,
+            )
             r.raise_for_status()
             engine = create_engine(url)
             with engine.begin() as conn:
@@ -232,8 +263,10 @@ def throughput(base: str, work: Path, servers: int, clients: int, seconds: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--database-url", default=os.environ.get("BCM_TEST_PG_URL",
-                                                             "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument(
+        "--database-url",
+        default=os.environ.get("BCM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+    )
     ap.add_argument("--lease", type=float, default=2.0)
     ap.add_argument("--failovers", type=int, default=3)
     ap.add_argument("--clients", type=int, default=32)
@@ -242,24 +275,32 @@ def main() -> None:
     pxe = os.geteuid() == 0 and shutil.which("dnsmasq") is not None
     work = Path(tempfile.mkdtemp(prefix="bcm-bench-ha-"))
     try:
-        print(f"failover: kill -9 of the leader, lease {args.lease:g} s (goal: under two leases, "
-              f"{2 * args.lease:g} s){'' if pxe else '; dnsmasq not measured (needs root and dnsmasq)'}")
+        print(
+            f"failover: kill -9 of the leader, lease {args.lease:g} s (goal: under two leases, "
+            f"{2 * args.lease:g} s){'' if pxe else '; dnsmasq not measured (needs root and dnsmasq)'}"
+        )
         elected, dns = [], []
         for n in range(args.failovers):
             e, d = failover(args.database_url, work, args.lease, pxe)
             elected.append(e)
             if d is not None:
                 dns.append(d)
-            print(f"  run {n + 1}: new leader after {e:.2f} s" + (f", its dnsmasq after {d:.2f} s" if d else ""))
-        print(f"  leader: median {pct(elected, 50):.2f} s, max {max(elected):.2f} s "
-              f"({max(elected) / args.lease:.2f} leases)")
+            print(
+                f"  run {n + 1}: new leader after {e:.2f} s" + (f", its dnsmasq after {d:.2f} s" if d else "")
+            )
+        print(
+            f"  leader: median {pct(elected, 50):.2f} s, max {max(elected):.2f} s "
+            f"({max(elected) / args.lease:.2f} leases)"
+        )
         if dns:
             print(f"  dnsmasq serving: median {pct(dns, 50):.2f} s, max {max(dns):.2f} s")
         if pxe and all(shutil.which(t) for t in ("keepalived", "curl", "pg_createcluster")):
             for rise in (2, 1):  # the lab's check until #27's bench showed its cost, and the lab's check now
                 vip = vip_failover(work, args.lease, args.failovers, rise)
-                print(f"  service address (keepalived, advert 0.1 s, check rise {rise}): median {pct(vip, 50):.2f} s, "
-                      f"max {max(vip):.2f} s (goal: under 3 s)")
+                print(
+                    f"  service address (keepalived, advert 0.1 s, check rise {rise}): median {pct(vip, 50):.2f} s, "
+                    f"max {max(vip):.2f} s (goal: under 3 s)"
+                )
         print(f"throughput: {args.clients} clients alternating drain/resume for {args.seconds:g} s")
         for servers in (1, 2, 3):
             rate, p99, errors = throughput(args.database_url, work, servers, args.clients, args.seconds)

@@ -101,10 +101,13 @@ def raw_insert(engine: Engine, node_ids: list[int], gpus: int, per_txn: int = 1)
 
     now = utcnow()
     rows: list[dict[str, Any]] = [
-        {"node_id": node_id, "time": now,
-         "gpus": [[i, f"raw-{node_id}-{i}", "OK", 30, 100.0, 0, 1, 0, 0, None] for i in range(gpus)]}
+        {
+            "node_id": node_id,
+            "time": now,
+            "gpus": [[i, f"raw-{node_id}-{i}", "OK", 30, 100.0, 0, 1, 0, 0, None] for i in range(gpus)],
+        }
         for node_id in node_ids
-    ]  # fmt: skip
+    ]
     t0 = time.perf_counter()
     for k in range(0, len(rows), per_txn):  # the database's own durability settings, as ingest has them
         with engine.begin() as conn:
@@ -209,7 +212,9 @@ def _cpu_between(before: dict[str, dict[int, int]], after: dict[str, dict[int, i
 def _ingest_counts(admin: httpx.Client) -> tuple[float, float]:
     """(reports, batches) the server has written so far, from its /metrics."""
     values = dict(
-        line.rsplit(" ", 1) for line in admin.get("/metrics", params={"nodes": "gpu00001"}).text.splitlines() if line.startswith("bcm_health_ingest_")
+        line.rsplit(" ", 1)
+        for line in admin.get("/metrics", params={"nodes": "gpu00001"}).text.splitlines()
+        if line.startswith("bcm_health_ingest_")
     )
     return float(values["bcm_health_ingest_reports_total"]), float(values["bcm_health_ingest_batches_total"])
 
@@ -263,8 +268,10 @@ async def _agents(
     host, port = u.host, u.port or 80
 
     def request(token: str, body: bytes) -> bytes:
-        head = (f"POST {REPORT_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        head = (
+            f"POST {REPORT_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         return head.encode() + body
 
     async def exchange(
@@ -321,9 +328,16 @@ async def _agents(
 
 
 def _client_proc(
-    url: str, tokens: list[str], start: int, gpus: int, agents: int, count: int, duration_s: float,
-    barrier: Any, out: Any,
-) -> None:  # fmt: skip
+    url: str,
+    tokens: list[str],
+    start: int,
+    gpus: int,
+    agents: int,
+    count: int,
+    duration_s: float,
+    barrier: Any,
+    out: Any,
+) -> None:
     """One client process: its own slice of nodes (indices ``start``...), warm-up round, timed round."""
     # httpcore tries `import sniffio` on every request; where it is not installed that is a failed
     # search of sys.path each time, a real share of the client's CPU. None here makes it fail at once.
@@ -347,9 +361,16 @@ def _client_proc(
 
 
 def http_run(
-    label: str, url: str, n: int, gpus: int, agents: int, reports: int, duration_s: float, procs: int,
+    label: str,
+    url: str,
+    n: int,
+    gpus: int,
+    agents: int,
+    reports: int,
+    duration_s: float,
+    procs: int,
     server_env: dict[str, str] | None = None,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """A real `bcm serve` on ``url``: register ``n`` nodes, a token each, then agents post reports."""
     tmp = Path(tempfile.mkdtemp(prefix="bcm-bench-health-http-"))
     srv = Server(
@@ -393,10 +414,19 @@ def http_run(
             share = agents // len(parts) + (p < agents % len(parts))
             child = ctx.Process(
                 target=_client_proc,
-                args=(srv.url, [tokens[x] for x in mine], start, gpus, share, -(-reports // len(parts)),
-                      duration_s, barrier, out),
+                args=(
+                    srv.url,
+                    [tokens[x] for x in mine],
+                    start,
+                    gpus,
+                    share,
+                    -(-reports // len(parts)),
+                    duration_s,
+                    barrier,
+                    out,
+                ),
                 daemon=True,
-            )  # fmt: skip
+            )
             child.start()
             children.append(child)
         wait = duration_s + 180
@@ -579,9 +609,16 @@ def main() -> None:
         if "http" in modes:
             with database(backend) as (label, url):
                 over_http[label] = http_run(
-                    label, url, args.nodes, args.gpus, args.agents, args.reports or 3 * args.nodes,
-                    args.duration, args.client_procs, server_env,
-                )  # fmt: skip
+                    label,
+                    url,
+                    args.nodes,
+                    args.gpus,
+                    args.agents,
+                    args.reports or 3 * args.nodes,
+                    args.duration,
+                    args.client_procs,
+                    server_env,
+                )
     if inproc:
         table(
             f"GPU health, in-process: {args.nodes} nodes x {args.gpus} GPUs, one thread (one core)",

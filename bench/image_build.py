@@ -38,8 +38,15 @@ def timed_build(label: str, chain: list[image_recipe.Recipe], cache: Path) -> tu
 
 def plain_mmdebstrap(base: image_recipe.Recipe) -> float:
     target = Path(tempfile.mkdtemp(prefix="bcm-bench-mmdebstrap-")) / "tree"
-    argv = ["mmdebstrap", f"--variant={base.variant}", "--mode=root", "--include=" + ",".join(base.packages),
-            base.suite, str(target), *base.mirrors]  # fmt: skip
+    argv = [
+        "mmdebstrap",
+        f"--variant={base.variant}",
+        "--mode=root",
+        "--include=" + ",".join(base.packages),
+        base.suite,
+        str(target),
+        *base.mirrors,
+    ]
     t0 = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True, timeout=3600)
     dt = time.perf_counter() - t0
@@ -72,8 +79,10 @@ def main() -> None:
     if args.full:
         cuda = image_recipe.chain(recipes, "cuda-toolkit")
         figures["cuda cold"], _ = timed_build("+cuda-toolkit, cold layer", cuda, cache)
-    print(f"\n  base cold / plain mmdebstrap: {figures['base cold'] / figures['peer']:.2f}x;"
-          f" warm / cold: {figures['base warm'] / figures['base cold']:.2f}x")  # fmt: skip
+    print(
+        f"\n  base cold / plain mmdebstrap: {figures['base cold'] / figures['peer']:.2f}x;"
+        f" warm / cold: {figures['base warm'] / figures['base cold']:.2f}x"
+    )
     if args.cache is None:
         shutil.rmtree(cache, ignore_errors=True)
 

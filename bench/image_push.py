@@ -127,17 +127,25 @@ def rsync_loop(
     t0 = time.perf_counter()
     for target in targets:
         ssh = sync.ssh_command(
-            target, key_file=key_file, known_hosts=known_hosts, username=SSH.username,
+            target,
+            key_file=key_file,
+            known_hosts=known_hosts,
+            username=SSH.username,
             connect_timeout_s=SSH.connect_timeout_s,
-        )  # fmt: skip
+        )
         argv = sync.rsync_argv(
             tree, target, excludes, ssh, dry_run=False, io_timeout_s=max(30, int(SSH.connect_timeout_s * 6))
         )
         t = time.perf_counter()
         done = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=RSYNC_ENV,
-            timeout=sync.DEFAULT_TIMEOUT_S, check=False,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=RSYNC_ENV,
+            timeout=sync.DEFAULT_TIMEOUT_S,
+            check=False,
+        )
         status, error = sync.classify(done.returncode, done.stderr)
         changed, sample, size = sync.parse_output(done.stdout)
         results.append(

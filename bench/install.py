@@ -49,8 +49,15 @@ def main() -> None:
     server = Server(work / "state", host="0.0.0.0", extra_env={"BCM_IMAGES__RECIPES_DIR": str(recipes)})
 
     def bcm(*args: str, timeout: float = 3600) -> str:
-        done = subprocess.run([*server.argv, *args], env=server.env(), cwd=work, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            [*server.argv, *args],
+            env=server.env(),
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if done.returncode != 0:
             sys.exit(f"bcm {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
         return done.stdout
@@ -70,8 +77,16 @@ def main() -> None:
         bcm("category", "add", "bench", "--image", "disk")
         bcm("category", "install", "bench", "--mode", "full", "--layout", str(work / "layout.yaml"))
         bcm("lab", "up", "--nodes", "0", "--gpus", "0", "--vms", "1", "--disk", "8G", "--category", "bench")
-        bcm("pxe", "enable", "--interface", "bcmlab-prov", "--address", "198.18.0.1", "--range",
-            "198.18.0.100-198.18.0.150")  # fmt: skip
+        bcm(
+            "pxe",
+            "enable",
+            "--interface",
+            "bcmlab-prov",
+            "--address",
+            "198.18.0.1",
+            "--range",
+            "198.18.0.100-198.18.0.150",
+        )
         full_s = timed("node", "provision", "vm01", "--wait", "--timeout", "2400")
         full = node()
         bcm("node", "wait", "vm01", "--state", "booted", "--idle", "--timeout", "600")
@@ -88,12 +103,20 @@ def main() -> None:
         stateless_s = timed("node", "reimage", "vm01", "--wait", "--timeout", "2400")
         stateless = node()
     finally:
-        subprocess.run([*server.argv, "pxe", "disable"], env=server.env(), capture_output=True, timeout=120, check=False)
-        subprocess.run([*server.argv, "lab", "down"], env=server.env(), capture_output=True, timeout=600, check=False)
+        subprocess.run(
+            [*server.argv, "pxe", "disable"], env=server.env(), capture_output=True, timeout=120, check=False
+        )
+        subprocess.run(
+            [*server.argv, "lab", "down"], env=server.env(), capture_output=True, timeout=600, check=False
+        )
         server.stop()
     print(f"image {full['installed_image']} → {auto['installed_image']}, one VM (TCG), 8 GiB virtio disk")
-    print(f"full install  {full_s:8.1f} s  {full['install_bytes']} bytes written  (booted from {full['booted_from']})")
-    print(f"auto resync   {auto_s:8.1f} s  {auto['install_bytes']} bytes written  (booted from {auto['booted_from']})")
+    print(
+        f"full install  {full_s:8.1f} s  {full['install_bytes']} bytes written  (booted from {full['booted_from']})"
+    )
+    print(
+        f"auto resync   {auto_s:8.1f} s  {auto['install_bytes']} bytes written  (booted from {auto['booted_from']})"
+    )
     print(f"stateless     {stateless_s:8.1f} s  (booted from {stateless['booted_from']})")
     print(f"full / stateless = {full_s / stateless_s:.2f}x; auto / stateless = {auto_s / stateless_s:.2f}x")
     shutil.rmtree(work, ignore_errors=True)

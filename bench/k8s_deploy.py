@@ -27,14 +27,17 @@ KUBECTL = ["/usr/local/lib/bcm-k8s/bin/kubectl", "--kubeconfig", "/etc/bcm-k8s/a
 
 
 def seconds(op: dict[str, Any]) -> float:
-    return (datetime.fromisoformat(op["finished_at"]) - datetime.fromisoformat(op["created_at"])).total_seconds()
+    return (
+        datetime.fromisoformat(op["finished_at"]) - datetime.fromisoformat(op["created_at"])
+    ).total_seconds()
 
 
 def ansible(op: dict[str, Any]) -> str:
     found = re.search(r"ansible: \S+ rc=\S+ changed=(\d+) in ([0-9.]+)s", op.get("log") or "")
     api = re.search(r"api: changed=(\d+)", op.get("log") or "")
     return (f"ansible {found.group(2)} s, changed={found.group(1)}" if found else "?") + (
-        f", api changed={api.group(1)}" if api else "")  # fmt: skip
+        f", api changed={api.group(1)}" if api else ""
+    )
 
 
 def tainted(run: SlurmLab, node: str) -> bool:
@@ -53,10 +56,26 @@ def wait(what: str, check: Any, timeout_s: float = 180) -> float:
 
 
 def measure(work: Path, args: argparse.Namespace) -> list[str]:
-    with SlurmLab.running(work, nodes=args.nodes + 1, gpus_per_node=2, name="bcmbenchk8s",
-                          subnet="198.18.97.0/24", server_host="0.0.0.0") as run:  # fmt: skip
-        base = ["wlm", "deploy", "kubernetes", "--name", "k8s", "--control-plane", run.controller,
-                "--nodes", run.hostlist, "--json"]  # fmt: skip
+    with SlurmLab.running(
+        work,
+        nodes=args.nodes + 1,
+        gpus_per_node=2,
+        name="bcmbenchk8s",
+        subnet="198.18.97.0/24",
+        server_host="0.0.0.0",
+    ) as run:
+        base = [
+            "wlm",
+            "deploy",
+            "kubernetes",
+            "--name",
+            "k8s",
+            "--control-plane",
+            run.controller,
+            "--nodes",
+            run.hostlist,
+            "--json",
+        ]
         first = json.loads(run.cli_raw(*base).stdout)
         again = json.loads(run.cli_raw(*base, "--no-verify").stdout)
         url = f"http://{run.lab.head_ip}:{run.server.port}"

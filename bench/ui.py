@@ -78,21 +78,42 @@ def seed(url: str, state: Path, n: int, gpus: int, history: int) -> str:
     reports = [HealthReport.model_validate_json(b) for b in payloads]
     now = utcnow()
     with engine.begin() as conn:
-        rows = [{"node_id": ids[name], "index": g["index"], "uuid": g.get("uuid"), "name": g.get("name"), "memory_mib": 81559, "updated_at": now}
-                for name, rep in zip(names, reports, strict=True) for g in rep.gpus]  # fmt: skip
+        rows = [
+            {
+                "node_id": ids[name],
+                "index": g["index"],
+                "uuid": g.get("uuid"),
+                "name": g.get("name"),
+                "memory_mib": 81559,
+                "updated_at": now,
+            }
+            for name, rep in zip(names, reports, strict=True)
+            for g in rep.gpus
+        ]
         for k in range(0, len(rows), 5000):
             conn.execute(insert(Gpu), rows[k : k + 5000])
     for i, name in enumerate(names):
         if i % 100 == 7:  # 1%: GPU 0 fell off the bus
             raw = reports[i].model_dump(mode="json")
             g0 = raw["gpus"][0]
-            raw["xid_events"] = [{"xid": 79, "gpu_index": 0, "uuid": g0["uuid"], "pci_bus_id": g0["pci_bus_id"],
-                                  "time": raw["collected_at"], "source": "nvml", "message": None,
-                                  "recovery_action": None}]  # fmt: skip
+            raw["xid_events"] = [
+                {
+                    "xid": 79,
+                    "gpu_index": 0,
+                    "uuid": g0["uuid"],
+                    "pci_bus_id": g0["pci_bus_id"],
+                    "time": raw["collected_at"],
+                    "source": "nvml",
+                    "message": None,
+                    "recovery_action": None,
+                }
+            ]
             reports[i] = HealthReport.model_validate(raw)
     for k in range(0, n, 500):
         with session_scope(engine) as s:
-            health.ingest_many(s, [(ids[names[j]], reports[j]) for j in range(k, min(n, k + 500))], settings.health)
+            health.ingest_many(
+                s, [(ids[names[j]], reports[j]) for j in range(k, min(n, k + 500))], settings.health
+            )
     first = reports[0].model_dump(mode="json")
     for h in range(history):
         for g in first["gpus"]:
@@ -103,10 +124,20 @@ def seed(url: str, state: Path, n: int, gpus: int, history: int) -> str:
     with session_scope(engine) as s:
         for k in range(30):  # finished inventories of 100 nodes each, as the Operations page lists them
             names_k = [f"gpu{k * 100 + j:05d}" for j in range(1, 101)]
-            s.add(Operation(kind="inventory", targets=f"gpu[{k * 100 + 1:05d}-{k * 100 + 100:05d}]",
-                            state=OpState.SUCCEEDED.value, progress_done=100, progress_total=100, created_by="bench",
-                            results={x: {"status": "ok"} for x in names_k}, log="".join(f"{x}: ok\n" for x in names_k),
-                            started_at=now, finished_at=now))  # fmt: skip
+            s.add(
+                Operation(
+                    kind="inventory",
+                    targets=f"gpu[{k * 100 + 1:05d}-{k * 100 + 100:05d}]",
+                    state=OpState.SUCCEEDED.value,
+                    progress_done=100,
+                    progress_total=100,
+                    created_by="bench",
+                    results={x: {"status": "ok"} for x in names_k},
+                    log="".join(f"{x}: ok\n" for x in names_k),
+                    started_at=now,
+                    finished_at=now,
+                )
+            )
         _row, secret = auth.issue(s, "bench-viewer", Role.VIEWER)
     with session_scope(engine) as s:
         cluster = WlmCluster(name="bench", kind="slurm", controller_id=ids[names[0]], state="deployed")
@@ -117,19 +148,35 @@ def seed(url: str, state: Path, n: int, gpus: int, history: int) -> str:
             dept = Department(name=f"dept{d}", gpu_quota=n * gpus // 10)
             s.add(dept)
             s.flush()
-            s.add_all([Project(name=f"proj{d}{p}", department_id=dept.id or 0, deserved_gpus=n * gpus // 100,
-                               limit_gpus=n * gpus // 50) for p in range(10)])  # fmt: skip
-    squeue = "".join(f"{i}|proj{i % 100:02d}|{x}|cpu=32,mem=256G,node=1,billing=32,gres/gpu={gpus}|N/A|N/A\n"
-                     for i, x in enumerate(names))  # fmt: skip
-    squeue += "".join(f"{n + i}|proj{(i + 1) % 100:02d}|{x}|cpu=1,node=1,billing=1,gres/gpu=1|N/A|N/A\n"
-                      for i, x in enumerate(names) if i % 4 == 0)  # fmt: skip
+            s.add_all(
+                [
+                    Project(
+                        name=f"proj{d}{p}",
+                        department_id=dept.id or 0,
+                        deserved_gpus=n * gpus // 100,
+                        limit_gpus=n * gpus // 50,
+                    )
+                    for p in range(10)
+                ]
+            )
+    squeue = "".join(
+        f"{i}|proj{i % 100:02d}|{x}|cpu=32,mem=256G,node=1,billing=32,gres/gpu={gpus}|N/A|N/A\n"
+        for i, x in enumerate(names)
+    )
+    squeue += "".join(
+        f"{n + i}|proj{(i + 1) % 100:02d}|{x}|cpu=1,node=1,billing=1,gres/gpu=1|N/A|N/A\n"
+        for i, x in enumerate(names)
+        if i % 4 == 0
+    )
     for _ in range(2):  # the first sample writes every row, the next only what changed (nothing)
         t1 = time.perf_counter()
         with session_scope(engine) as s:
             wlm_usage.apply(s, "bench", slurm_usage.parse_running(squeue))
         print(f"  a sync's tenants sample of {n} nodes parsed and stored in {time.perf_counter() - t1:.2f} s")
     engine.dispose()
-    print(f"  seeded {n} nodes × {gpus} GPUs, {history} more reports for {names[0]} in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"  seeded {n} nodes × {gpus} GPUs, {history} more reports for {names[0]} in {time.perf_counter() - t0:.1f} s"
+    )
     return secret
 
 
@@ -161,9 +208,13 @@ def run(label: str, url: str, args: argparse.Namespace) -> None:
         try:
             with httpx.Client(base_url=server.url, timeout=60) as c:
                 sign_in(c, token)
-                print(f"\n[{label}] {args.nodes:,} nodes × {args.gpus} GPUs, {args.requests} requests per page "
-                      "(server: its Server-Timing; wall: as this client saw it)")  # fmt: skip
-                print(f"  {'page':32} {'server p50':>10} {'server p99':>10} {'wall p99':>9} {'bytes':>9}  goal")
+                print(
+                    f"\n[{label}] {args.nodes:,} nodes × {args.gpus} GPUs, {args.requests} requests per page "
+                    "(server: its Server-Timing; wall: as this client saw it)"
+                )
+                print(
+                    f"  {'page':32} {'server p50':>10} {'server p99':>10} {'wall p99':>9} {'bytes':>9}  goal"
+                )
                 for name, path, goal in PAGES:
                     for _ in range(3):  # warm-up: caches, the first connection
                         c.get(path)
@@ -179,12 +230,16 @@ def run(label: str, url: str, args: argparse.Namespace) -> None:
                         size = len(r.content)
                     p99 = pct(server_ms, 99)
                     verdict = ("met" if p99 < 150 else "MISSED") if goal else ""
-                    print(f"  {name:32} {pct(server_ms, 50):8.1f}ms {p99:8.1f}ms {pct(wall_ms, 99):7.1f}ms "
-                          f"{size:>9,}  {'p99 < 150 ms: ' + verdict if goal else ''}")  # fmt: skip
+                    print(
+                        f"  {name:32} {pct(server_ms, 50):8.1f}ms {p99:8.1f}ms {pct(wall_ms, 99):7.1f}ms "
+                        f"{size:>9,}  {'p99 < 150 ms: ' + verdict if goal else ''}"
+                    )
             for path in ("/ui/nodes", "/ui/"):
                 total, count = first_load(server.url, token, path)
-                print(f"  first load of {path}: {total / 1024:.1f} KB in {count} requests "
-                      f"(goal < 300 KB: {'met' if total < 300 * 1024 else 'MISSED'})")  # fmt: skip
+                print(
+                    f"  first load of {path}: {total / 1024:.1f} KB in {count} requests "
+                    f"(goal < 300 KB: {'met' if total < 300 * 1024 else 'MISSED'})"
+                )
         finally:
             server.stop()
     finally:
@@ -192,15 +247,18 @@ def run(label: str, url: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--history", type=int, default=1000)
-    parser.add_argument("--database-url", default="", help="an empty database (default: SQLite in a temp dir)")
+    parser.add_argument(
+        "--database-url", default="", help="an empty database (default: SQLite in a temp dir)"
+    )
     args = parser.parse_args()
     run("PostgreSQL" if args.database_url.startswith("postgresql") else "SQLite", args.database_url, args)
-
 
 
 if __name__ == "__main__":

@@ -42,16 +42,26 @@ def add(
     discover_mac_prefix: Annotated[
         str | None, typer.Option(help="PXE: machines whose MAC starts so join this category at discovery")
     ] = None,
-    discover_names: Annotated[str | None, typer.Option(help="…named from this hostlist, first free first")] = None,
+    discover_names: Annotated[
+        str | None, typer.Option(help="…named from this hostlist, first free first")
+    ] = None,
     auto_provision: AutoProvision = None,
     wlm_cluster: WlmCluster = None,
 ) -> None:
     """Create a category."""
     client().post(
         "/api/v1/categories",
-        _body(name=name, image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description,
-              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names,
-              auto_provision=auto_provision, wlm_cluster=wlm_cluster),  # fmt: skip
+        _body(
+            name=name,
+            image=image,
+            kernel_args=kernel_args,
+            wlm_role=wlm_role,
+            description=description,
+            discover_mac_prefix=discover_mac_prefix,
+            discover_names=discover_names,
+            auto_provision=auto_provision,
+            wlm_cluster=wlm_cluster,
+        ),
     )
     out.print(f"created category {name}")
 
@@ -98,9 +108,16 @@ def set_category(
     """Change a category."""
     client().patch(
         f"/api/v1/categories/{name}",
-        _body(image=image, kernel_args=kernel_args, wlm_role=wlm_role, description=description,
-              discover_mac_prefix=discover_mac_prefix, discover_names=discover_names,
-              auto_provision=auto_provision, wlm_cluster=wlm_cluster),  # fmt: skip
+        _body(
+            image=image,
+            kernel_args=kernel_args,
+            wlm_role=wlm_role,
+            description=description,
+            discover_mac_prefix=discover_mac_prefix,
+            discover_names=discover_names,
+            auto_provision=auto_provision,
+            wlm_cluster=wlm_cluster,
+        ),
     )
     out.print(f"updated category {name}")
 
@@ -115,8 +132,12 @@ def install(
     layout: Annotated[
         Path | None, typer.Option(help="the disk layout: a YAML or JSON file (see README, Install to disk)")
     ] = None,
-    clear_layout: Annotated[bool, typer.Option("--clear-layout", help="remove the category's disk layout")] = False,
-    confirm_wipe: Annotated[bool, typer.Option(help="admin: data nodes among the members may be wiped (once)")] = False,
+    clear_layout: Annotated[
+        bool, typer.Option("--clear-layout", help="remove the category's disk layout")
+    ] = False,
+    confirm_wipe: Annotated[
+        bool, typer.Option(help="admin: data nodes among the members may be wiped (once)")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Set (or show) the members' install mode and disk layout, checked against their inventoried disks."""
@@ -139,8 +160,16 @@ def install(
     if as_json:
         emit_json({"install_mode": cat["install_mode"], "disk_layout": cat["disk_layout"]})
         return
-    kv(name, [("install mode", cat["install_mode"] or "stateless (default)"),
-              ("disk layout", yaml.safe_dump(cat["disk_layout"], sort_keys=False).strip() if cat["disk_layout"] else None)])  # fmt: skip
+    kv(
+        name,
+        [
+            ("install mode", cat["install_mode"] or "stateless (default)"),
+            (
+                "disk layout",
+                yaml.safe_dump(cat["disk_layout"], sort_keys=False).strip() if cat["disk_layout"] else None,
+            ),
+        ],
+    )
 
 
 @app.command("rm")

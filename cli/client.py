@@ -66,7 +66,9 @@ def verify_context(ca: Path | None) -> ssl.SSLContext:
     try:
         return ssl.create_default_context(cafile=str(ca) if ca else None)
     except (OSError, ssl.SSLError) as exc:
-        raise CliError(f"cannot use {ca} as the CA to verify bcm against: {getattr(exc, 'strerror', None) or exc}") from None
+        raise CliError(
+            f"cannot use {ca} as the CA to verify bcm against: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
 
 
 def _untrusted(url: str, ca: Path | None, exc: BaseException) -> CliError | None:
@@ -117,7 +119,9 @@ class Client:
         try:
             return resp.json()
         except ValueError:  # not JSON, or a number with more digits than Python converts
-            raise CliError(f"the bcm server at {self.url} answered {method} {path} with what is not JSON") from None
+            raise CliError(
+                f"the bcm server at {self.url} answered {method} {path} with what is not JSON"
+            ) from None
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})

@@ -63,7 +63,8 @@ def show_operation(op: dict[str, Any], as_json: bool) -> None:
         return
     results = op.get("results") or {}
     rows = [
-        (name, r.get("status"), r.get("message") or r.get("error") or "") for name, r in sorted(results.items())
+        (name, r.get("status"), r.get("message") or r.get("error") or "")
+        for name, r in sorted(results.items())
     ]
     # SSH fan-outs retry transient connect failures: show how many attempts a node took when any took more
     attempts = [r.get("attempts") or 1 for _, r in sorted(results.items())]
@@ -71,7 +72,10 @@ def show_operation(op: dict[str, Any], as_json: bool) -> None:
         table(
             f"operation {op['id']} {op['kind']}: {op['state']}",
             ["NODE", "RESULT", "ATTEMPTS", "DETAIL"],
-            [(name, status, str(a), detail) for (name, status, detail), a in zip(rows, attempts, strict=True)],
+            [
+                (name, status, str(a), detail)
+                for (name, status, detail), a in zip(rows, attempts, strict=True)
+            ],
         )
     else:
         table(f"operation {op['id']} {op['kind']}: {op['state']}", ["NODE", "RESULT", "DETAIL"], rows)
@@ -82,7 +86,9 @@ def show_operation(op: dict[str, Any], as_json: bool) -> None:
 def print_failure(op: dict[str, Any]) -> None:
     """An operation that did not succeed, as one red line with its reason."""
     reason = op.get("error") or "no reason recorded; see `bcm op show` for its log"
-    err.print(f"error: operation {op['id']} {op['kind']} {op['state']}: {reason}", style="red", soft_wrap=True)
+    err.print(
+        f"error: operation {op['id']} {op['kind']} {op['state']}: {reason}", style="red", soft_wrap=True
+    )
 
 
 def follow(

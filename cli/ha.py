@@ -9,7 +9,9 @@ import typer
 from cli.common import JsonOpt, client
 from cli.render import emit_json, out, table
 
-app = typer.Typer(help="Several servers: who leads (dnsmasq, provisioning, sync), who is alive.", no_args_is_help=True)
+app = typer.Typer(
+    help="Several servers: who leads (dnsmasq, provisioning, sync), who is alive.", no_args_is_help=True
+)
 
 
 def _age(now: str, then: str | None) -> str:
@@ -30,8 +32,10 @@ def status(as_json: JsonOpt = False) -> None:
         return
     lease, now = s["leader"], s["now"]
     if lease["holder"]:
-        out.print(f"leader: {lease['holder']} at {lease['address'] or '?'}, epoch {lease['epoch']}, "
-                  f"lease expires {_age(now, lease['expires_at'])}")  # fmt: skip
+        out.print(
+            f"leader: {lease['holder']} at {lease['address'] or '?'}, epoch {lease['epoch']}, "
+            f"lease expires {_age(now, lease['expires_at'])}"
+        )
     else:
         out.print(f"leader: none (last epoch {lease['epoch']}); the next server to look takes the lease")
     table(
@@ -52,5 +56,8 @@ def status(as_json: JsonOpt = False) -> None:
     )
     held = [o for o in s["operations"] if o.get("owner")]
     if held:
-        table("operations held", ["ID", "KIND", "STATE", "OWNER", "LEASE"],
-              [(o["id"], o["kind"], o["state"], o["owner"], _age(now, o["lease_expires"])) for o in held])  # fmt: skip
+        table(
+            "operations held",
+            ["ID", "KIND", "STATE", "OWNER", "LEASE"],
+            [(o["id"], o["kind"], o["state"], o["owner"], _age(now, o["lease_expires"])) for o in held],
+        )

@@ -165,10 +165,17 @@ def events(
         emit_json(items)
         return
     rows = [
-        (e["time"], e["node"], e["gpu_index"] if e["gpu_index"] is not None else "", _v(e["severity"]), e["code"],
-         e["action"] or "", e["message"])
+        (
+            e["time"],
+            e["node"],
+            e["gpu_index"] if e["gpu_index"] is not None else "",
+            _v(e["severity"]),
+            e["code"],
+            e["action"] or "",
+            e["message"],
+        )
         for e in items
-    ]  # fmt: skip
+    ]
     table(None, ["TIME", "NODE", "GPU", "SEVERITY", "CODE", "ACTION", "MESSAGE"], rows)
 
 

@@ -9,7 +9,9 @@ import typer
 from cli.common import JsonOpt, client, follow
 from cli.render import emit_json, out, safe, table
 
-app = typer.Typer(help="Node images: recipes (images/*.yaml) built into versioned boot artifacts.", no_args_is_help=True)
+app = typer.Typer(
+    help="Node images: recipes (images/*.yaml) built into versioned boot artifacts.", no_args_is_help=True
+)
 
 
 def _size(n: int) -> str:
@@ -27,8 +29,11 @@ def recipes(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(rows)
         return
-    table(None, ["RECIPE", "CHAIN", "PACKAGES", "DESCRIPTION"],
-          [(r["name"], " → ".join(r["chain"]), r["packages"], r["description"]) for r in rows])  # fmt: skip
+    table(
+        None,
+        ["RECIPE", "CHAIN", "PACKAGES", "DESCRIPTION"],
+        [(r["name"], " → ".join(r["chain"]), r["packages"], r["description"]) for r in rows],
+    )
 
 
 @app.command("build")
@@ -42,8 +47,10 @@ def build(
     c = client()
     started = c.post("/api/v1/images/build", {"recipe": recipe, "version": version})
     if not as_json:
-        out.print(f"building {started['name']} version {started['version']} (operation {started['operation_id']}; "
-                  f"`bcm op show {started['operation_id']} --follow` streams its log)")  # fmt: skip
+        out.print(
+            f"building {started['name']} version {started['version']} (operation {started['operation_id']}; "
+            f"`bcm op show {started['operation_id']} --follow` streams its log)"
+        )
     follow(c, started["operation_id"], wait=wait, as_json=as_json, show=_show_build)
 
 
@@ -64,9 +71,23 @@ def list_images(as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json(rows)
         return
-    table(None, ["IMAGE", "VERSION", "STATE", "CURRENT", "KERNEL", "DRIVER", "CUDA", "PUBLISHED"],
-          [(i["name"], i["version"], i["state"], "*" if i["current"] else "", i["kernel_version"] or "",
-            i["driver_version"] or "", i["cuda_version"] or "", i["published_at"] or "") for i in rows])  # fmt: skip
+    table(
+        None,
+        ["IMAGE", "VERSION", "STATE", "CURRENT", "KERNEL", "DRIVER", "CUDA", "PUBLISHED"],
+        [
+            (
+                i["name"],
+                i["version"],
+                i["state"],
+                "*" if i["current"] else "",
+                i["kernel_version"] or "",
+                i["driver_version"] or "",
+                i["cuda_version"] or "",
+                i["published_at"] or "",
+            )
+            for i in rows
+        ],
+    )
 
 
 @app.command("show")
@@ -80,14 +101,20 @@ def show(
     if as_json:
         emit_json(img)
         return
-    out.print(safe(img["name"], style="bold"), f"version {img['version']}: {img['state']}"
-              f"{' (current)' if img['current'] else ''}; layers {' → '.join(img['layers']) or '-'}; "
-              f"kernel {img['kernel_version'] or '-'}, driver {img['driver_version'] or '-'}, "
-              f"CUDA {img['cuda_version'] or '-'}, {img['packages']} packages")  # fmt: skip
+    out.print(
+        safe(img["name"], style="bold"),
+        f"version {img['version']}: {img['state']}"
+        f"{' (current)' if img['current'] else ''}; layers {' → '.join(img['layers']) or '-'}; "
+        f"kernel {img['kernel_version'] or '-'}, driver {img['driver_version'] or '-'}, "
+        f"CUDA {img['cuda_version'] or '-'}, {img['packages']} packages",
+    )
     if img.get("error"):
         out.print(img["error"].strip().splitlines()[-1], style="red")
-    table(None, ["ARTIFACT", "FILE", "SIZE", "SHA256", "URL"],
-          [(a["kind"], a["filename"], _size(a["size"]), a["sha256"], a["url"]) for a in img["artifacts"]])  # fmt: skip
+    table(
+        None,
+        ["ARTIFACT", "FILE", "SIZE", "SHA256", "URL"],
+        [(a["kind"], a["filename"], _size(a["size"]), a["sha256"], a["url"]) for a in img["artifacts"]],
+    )
 
 
 @app.command("rollback")
@@ -122,8 +149,10 @@ def push(
     started = c.post(f"/api/v1/images/{image}/push", {"nodes": nodes, "version": version, "apply": apply})
     if not as_json:
         mode = "writing to" if apply else "dry run (nothing changes; --apply to write) on"
-        out.print(f"pushing {started['name']} version {started['version']}: {mode} {started['nodes']} node(s) "
-                  f"(operation {started['operation_id']})")  # fmt: skip
+        out.print(
+            f"pushing {started['name']} version {started['version']}: {mode} {started['nodes']} node(s) "
+            f"(operation {started['operation_id']})"
+        )
     follow(c, started["operation_id"], wait=wait, as_json=as_json, show=_show_push)
 
 

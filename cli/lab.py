@@ -17,7 +17,9 @@ app = typer.Typer(
 )
 StateDir = Annotated[
     Path | None,
-    typer.Option(help="where the lab keeps its state [default: <BCM_STATE_DIR>/lab/<name>]", show_default=False),
+    typer.Option(
+        help="where the lab keeps its state [default: <BCM_STATE_DIR>/lab/<name>]", show_default=False
+    ),
 ]
 Name = Annotated[str, typer.Option(help="lab name (bridge namespace; node namespaces get it as prefix)")]
 Subnet = Annotated[str, typer.Option(help="lab subnet, inside 198.18.0.0/15")]
@@ -53,9 +55,12 @@ def up(
     gpus: Annotated[
         int, typer.Option(help="simulated H100s per node (nvidia-smi, Slurm devices, NVML for the agent)")
     ] = 2,
-    vms: Annotated[int, typer.Option(help="qemu VMs, each behind a simulated BMC (IPMI and Redfish in turn)")] = 0,
+    vms: Annotated[
+        int, typer.Option(help="qemu VMs, each behind a simulated BMC (IPMI and Redfish in turn)")
+    ] = 0,
     discover_vms: Annotated[
-        bool, typer.Option(help="leave the VMs unregistered: PXE discovery finds them (bcm lab vm-power --pxe)")
+        bool,
+        typer.Option(help="leave the VMs unregistered: PXE discovery finds them (bcm lab vm-power --pxe)"),
     ] = False,
     vm_bmc_password_stdin: Annotated[
         bool,
@@ -66,7 +71,8 @@ def up(
         ),
     ] = False,
     disk: Annotated[
-        str | None, typer.Option(help="each VM gets a blank disk of this size (8G): a qcow2 in the lab's state dir")
+        str | None,
+        typer.Option(help="each VM gets a blank disk of this size (8G): a qcow2 in the lab's state dir"),
     ] = None,
     category: Annotated[str | None, typer.Option(help="category for the registered nodes")] = None,
     register: Annotated[bool, typer.Option(help="register the nodes with the running server")] = True,
@@ -132,8 +138,9 @@ def up(
     keys = [c.get("/api/v1/ssh/public-key")["public_key"]] if c else []
     lab = _lab(state_dir, name, subnet)
     try:
-        lab_nodes = lab.up(nodes, keys, gpus=gpus, slurm=True, vms=vms, vm_bmc_password=vm_password,
-                           vm_disk_bytes=disk_bytes)  # fmt: skip
+        lab_nodes = lab.up(
+            nodes, keys, gpus=gpus, slurm=True, vms=vms, vm_bmc_password=vm_password, vm_disk_bytes=disk_bytes
+        )
     except LabError as exc:
         raise CliError(exc.message) from None
     if not accounting.mariadb_installed():
@@ -255,11 +262,18 @@ def _show_heads(heads, as_json: bool) -> None:  # type: ignore[no-untyped-def]
         None,
         ["HEAD", "URL", "NETNS", "BCM SERVE", "KEEPALIVED", "SERVICE ADDRESS", "LEADS"],
         [
-            (str(r["head"]), r["url"], r["netns"], r["serve"], r["keepalived"],
-             heads.vip if r["service_address"] else "", "yes" if r["leading"] else "")
+            (
+                str(r["head"]),
+                r["url"],
+                r["netns"],
+                r["serve"],
+                r["keepalived"],
+                heads.vip if r["service_address"] else "",
+                "yes" if r["leading"] else "",
+            )
             for r in rows
         ],
-    )  # fmt: skip
+    )
     leading = [str(r["head"]) for r in rows if r["leading"]]
     out.print(f"service address {heads.url}, leader: head {', '.join(leading) or 'none'}")
     out.print(f"export BCM_URL={heads.url} BCM_TOKEN=$(cat {token_file})")
@@ -430,7 +444,9 @@ def vm_power(
         raise CliError(f"action: {action!r} is not on, off or cycle")
 
     async def press(v) -> str:  # type: ignore[no-untyped-def]
-        target = BmcTarget(v.name, BmcProtocol(v.bmc.kind), parse_bmc_address(v.bmc.address), v.bmc.user, v.bmc.password)
+        target = BmcTarget(
+            v.name, BmcProtocol(v.bmc.kind), parse_bmc_address(v.bmc.address), v.bmc.user, v.bmc.password
+        )
         driver = driver_for(target, CallLimits(timeout_s=10, retries=1))
         try:
             if pxe:
@@ -463,7 +479,10 @@ def vm_bmc(
 
     v = _vms(state_dir, name, [vm_name])[0]
     c = client()
-    c.patch(f"/api/v1/nodes/{node}", {"bmc_address": v.bmc.address, "bmc_protocol": v.bmc.kind, "bmc_user": v.bmc.user})
+    c.patch(
+        f"/api/v1/nodes/{node}",
+        {"bmc_address": v.bmc.address, "bmc_protocol": v.bmc.kind, "bmc_user": v.bmc.user},
+    )
     c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": node, "password": v.bmc.password})
     accounting.add_slurm_nodes(_lab(state_dir, name).state_dir, [node])
     out.print(f"{node}: BMC of {v.name} ({v.bmc.kind} {v.bmc.address})")

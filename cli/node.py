@@ -110,8 +110,15 @@ def show(name: str, as_json: JsonOpt = False) -> None:
             ("power", node.get("power_state")),
             ("running image", node.get("running_image")),
             ("installed", _installed(node)),
-            ("runs", f"{node['booted_image']} from {node['booted_from']}" if node.get("booted_image") else None),
-            ("bmc", " ".join(filter(None, [node.get("bmc_address"), node["effective"].get("bmc_protocol")])) or None),
+            (
+                "runs",
+                f"{node['booted_image']} from {node['booted_from']}" if node.get("booted_image") else None,
+            ),
+            (
+                "bmc",
+                " ".join(filter(None, [node.get("bmc_address"), node["effective"].get("bmc_protocol")]))
+                or None,
+            ),
             ("last error", node["last_error"]),
             *[(f"effective {k}", v) for k, v in node["effective"].items()],
             (
@@ -221,7 +228,8 @@ def install(
     inherit: Annotated[bool, typer.Option("--inherit", help="use the category's mode again")] = False,
     next_mode: Annotated[str | None, typer.Option("--next", help="the mode of the next boot only")] = None,
     data_node: Annotated[
-        bool | None, typer.Option("--data-node/--no-data-node", help="a data node refuses full without --confirm-wipe")
+        bool | None,
+        typer.Option("--data-node/--no-data-node", help="a data node refuses full without --confirm-wipe"),
     ] = None,
     confirm_wipe: Annotated[bool, typer.Option(help="admin: this data node may be wiped (once)")] = False,
     as_json: JsonOpt = False,
@@ -240,19 +248,48 @@ def install(
         body["confirm_wipe"] = True
     c = client()
     node = c.put(f"/api/v1/nodes/{name}/install", body) if body else c.get(f"/api/v1/nodes/{name}")
-    fields = ("install_mode", "next_install_mode", "data_node", "wipe_confirmed", "install_state", "installed_image",
-              "installed_at", "install_bytes", "booted_image", "booted_from")  # fmt: skip
+    fields = (
+        "install_mode",
+        "next_install_mode",
+        "data_node",
+        "wipe_confirmed",
+        "install_state",
+        "installed_image",
+        "installed_at",
+        "install_bytes",
+        "booted_image",
+        "booted_from",
+    )
     if as_json:
-        emit_json({"effective_install_mode": node["effective"]["install_mode"], **{f: node.get(f) for f in fields}})
+        emit_json(
+            {"effective_install_mode": node["effective"]["install_mode"], **{f: node.get(f) for f in fields}}
+        )
         return
-    kv(name, [
-        ("install mode", node["effective"]["install_mode"] + ("" if node["install_mode"] else " (inherited)")),
-        ("next boot", node["next_install_mode"]),
-        ("data node", "yes" + (" (wipe confirmed)" if node["wipe_confirmed"] else "") if node["data_node"] else None),
-        ("installed", _installed(node)),
-        ("last install wrote", f"{node['install_bytes']} bytes" if node.get("install_bytes") is not None else None),
-        ("runs", f"{node['booted_image']} from {node['booted_from']}" if node.get("booted_image") else None),
-    ])  # fmt: skip
+    kv(
+        name,
+        [
+            (
+                "install mode",
+                node["effective"]["install_mode"] + ("" if node["install_mode"] else " (inherited)"),
+            ),
+            ("next boot", node["next_install_mode"]),
+            (
+                "data node",
+                "yes" + (" (wipe confirmed)" if node["wipe_confirmed"] else "")
+                if node["data_node"]
+                else None,
+            ),
+            ("installed", _installed(node)),
+            (
+                "last install wrote",
+                f"{node['install_bytes']} bytes" if node.get("install_bytes") is not None else None,
+            ),
+            (
+                "runs",
+                f"{node['booted_image']} from {node['booted_from']}" if node.get("booted_image") else None,
+            ),
+        ],
+    )
 
 
 @app.command("rm")
@@ -276,7 +313,9 @@ def rekey(
 ) -> None:
     """Replace a node's pinned SSH host key (admin; audited). Without --key, the next contact pins anew."""
     if key is None and not yes:
-        typer.confirm(f"clear the pinned host key of {name}? the next host to answer there is trusted", abort=True)
+        typer.confirm(
+            f"clear the pinned host key of {name}? the next host to answer there is trusted", abort=True
+        )
     client().post(f"/api/v1/nodes/{name}/rekey", {"ssh_host_key": key})
     out.print(f"{name}: host key {'replaced' if key else 'cleared; the next contact pins it'}")
 
@@ -343,8 +382,13 @@ def _boot_verb(verb: str, help_text: str) -> None:
         reason: Annotated[str | None, typer.Option(help="recorded with the action")] = None,
         wait: Annotated[bool, typer.Option(help="wait until every node has booted or failed")] = False,
         timeout: Annotated[float, typer.Option(help="seconds --wait waits at most", min=1, max=86400)] = 2400,
-        rekey: Annotated[bool, typer.Option(
-            "--rekey", help="admin: bcm makes new SSH host keys (audited as node.rekey); else a pinned key is kept")] = False,
+        rekey: Annotated[
+            bool,
+            typer.Option(
+                "--rekey",
+                help="admin: bcm makes new SSH host keys (audited as node.rekey); else a pinned key is kept",
+            ),
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
         c = client()
@@ -356,13 +400,21 @@ def _boot_verb(verb: str, help_text: str) -> None:
             if as_json:
                 emit_json(res)
             else:
-                table(None, ["NODE", "RESULT", "STATE"], [(n["name"], n["status"], n.get("state")) for n in res["nodes"]])
+                table(
+                    None,
+                    ["NODE", "RESULT", "STATE"],
+                    [(n["name"], n["status"], n.get("state")) for n in res["nodes"]],
+                )
             return
         names = [n["name"] for n in res["nodes"]]
         deadline = time.monotonic() + timeout
         states: dict[str, dict[str, Any]] = {}
-        columns = (TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())  # fmt: skip
+        columns = (
+            TextColumn("{task.description}", style="bold", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=err, disable=as_json) as bar:
             task = bar.add_task(f"{verb} {nodes}", total=len(names))
             while True:
@@ -373,14 +425,26 @@ def _boot_verb(verb: str, help_text: str) -> None:
                 if len(done) == len(names) or time.monotonic() > deadline:
                     break
                 time.sleep(2)
-        rows = [(n, states.get(n, {}).get("provision_state"), states.get(n, {}).get("last_error") or "") for n in names]
+        rows = [
+            (n, states.get(n, {}).get("provision_state"), states.get(n, {}).get("last_error") or "")
+            for n in names
+        ]
         if as_json:
-            emit_json({"verb": verb, "nodes": [dict(zip(("name", "state", "last_error"), r, strict=True)) for r in rows]})
+            emit_json(
+                {
+                    "verb": verb,
+                    "nodes": [dict(zip(("name", "state", "last_error"), r, strict=True)) for r in rows],
+                }
+            )
         else:
             table(None, ["NODE", "STATE", "ERROR"], rows)
         if any(state != "booted" and state != "ready" for _, state, _ in rows):
-            err.print(f"error: not every node booted ({sum(1 for r in rows if r[1] == 'provisioning')} still "
-                      "provisioning)", style="red", soft_wrap=True)  # fmt: skip
+            err.print(
+                f"error: not every node booted ({sum(1 for r in rows if r[1] == 'provisioning')} still "
+                "provisioning)",
+                style="red",
+                soft_wrap=True,
+            )
             raise typer.Exit(1)
 
     command.__doc__ = help_text
@@ -389,7 +453,9 @@ def _boot_verb(verb: str, help_text: str) -> None:
 
 @app.command("discovered")
 def discovered(
-    wait: Annotated[int, typer.Option(help="wait until at least this many machines were discovered", min=0)] = 0,
+    wait: Annotated[
+        int, typer.Option(help="wait until at least this many machines were discovered", min=0)
+    ] = 0,
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most", min=1, max=86400)] = 1200,
     as_json: JsonOpt = False,
 ) -> None:
@@ -409,9 +475,16 @@ def discovered(
         None,
         ["NAME", "MAC", "CPU", "THREADS", "MEMORY GiB", "DISKS", "NVIDIA PCI", "PRODUCT"],
         [
-            (d["name"], d["mac"], d.get("cpu_model"), d.get("threads"),
-             gib(d.get("memory_bytes")) if d.get("memory_bytes") else None, d["disks"],
-             d["nvidia_pci_devices"], d.get("product"))  # fmt: skip
+            (
+                d["name"],
+                d["mac"],
+                d.get("cpu_model"),
+                d.get("threads"),
+                gib(d.get("memory_bytes")) if d.get("memory_bytes") else None,
+                d["disks"],
+                d["nvidia_pci_devices"],
+                d.get("product"),
+            )
             for d in items
         ],
     )
@@ -420,10 +493,14 @@ def discovered(
 @app.command("wait")
 def wait_for(
     nodes: Annotated[str, typer.Argument(help="node name or hostlist, e.g. zt[01-03]")],
-    state: Annotated[str, typer.Option(help="the state every node must reach (ready, booted, failed, …)")] = "ready",
+    state: Annotated[
+        str, typer.Option(help="the state every node must reach (ready, booted, failed, …)")
+    ] = "ready",
     timeout: Annotated[float, typer.Option(help="seconds to wait at most", min=1, max=86400)] = 1800,
     inventoried: Annotated[bool, typer.Option(help="…and inventoried (its hardware facts stored)")] = False,
-    idle: Annotated[bool, typer.Option(help="…and held by no running operation (an inventory, a deploy)")] = False,
+    idle: Annotated[
+        bool, typer.Option(help="…and held by no running operation (an inventory, a deploy)")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until every named node is in STATE (nodes that do not exist yet, e.g. zero-touch names not handed
@@ -449,11 +526,19 @@ def wait_for(
                     err.print(f"{name}: {n['provision_state']}")
         failed = {k: v for k, v in by_name.items() if v["provision_state"] == "failed" and state != "failed"}
         if failed:
-            raise CliError("; ".join(f"{k} failed: {(v.get('last_error') or '').splitlines()[0][:200]}"
-                                     for k, v in sorted(failed.items())))  # fmt: skip
+            raise CliError(
+                "; ".join(
+                    f"{k} failed: {(v.get('last_error') or '').splitlines()[0][:200]}"
+                    for k, v in sorted(failed.items())
+                )
+            )
+
         def done(n: dict[str, Any]) -> bool:
-            return (n["provision_state"] == state and (not inventoried or bool(n.get("inventoried_at")))
-                    and (not idle or not n.get("locked_by")))  # fmt: skip
+            return (
+                n["provision_state"] == state
+                and (not inventoried or bool(n.get("inventoried_at")))
+                and (not idle or not n.get("locked_by"))
+            )
 
         if len(by_name) == len(wanted) and all(done(n) for n in by_name.values()):
             break
@@ -476,14 +561,19 @@ def assign(
     as_json: JsonOpt = False,
 ) -> None:
     """Accept a discovered machine as a node: it becomes registered, ready to provision."""
-    node = client().post("/api/v1/discovered/assign", {"mac": mac, "name": name, "category": category, "image": image})
+    node = client().post(
+        "/api/v1/discovered/assign", {"mac": mac, "name": name, "category": category, "image": image}
+    )
     if as_json:
         emit_json(node)
     else:
         out.print(f"{mac} is node {node['name']} ({node['provision_state']})")
 
 
-_boot_verb("provision", "Network-boot nodes into their image (BMC: next boot PXE, power-cycle; wait for the callback).")
+_boot_verb(
+    "provision",
+    "Network-boot nodes into their image (BMC: next boot PXE, power-cycle; wait for the callback).",
+)
 _boot_verb("reimage", "Network-boot running nodes into a fresh copy of their image.")
 
 for _v, _h in [

@@ -52,7 +52,9 @@ def list_ops(
 def show(
     op_id: int,
     as_json: JsonOpt = False,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream the log until the operation ends")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="stream the log until the operation ends")
+    ] = False,
     timeout: Annotated[float, typer.Option(help="with --follow: give up after this many seconds")] = 7200,
 ) -> None:
     """One operation with per-node results; ``--follow`` streams its log as it grows."""

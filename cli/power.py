@@ -50,7 +50,9 @@ def set_bmc(
         c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": nodes, "password": _read_password()})
     out.print(f"updated {len(names)} node(s)")
     if (address or protocol) and not password_stdin:
-        out.print("a BMC password is sent only to the BMC it was set for: set it again (--password-stdin, admin)")
+        out.print(
+            "a BMC password is sent only to the BMC it was set for: set it again (--password-stdin, admin)"
+        )
 
 
 @app.command("set-category")
@@ -143,9 +145,15 @@ def register_lab_vms(c: Any, lab_state_dir: Any, category: str | None) -> None:
     for v in vms:
         c.post(
             "/api/v1/nodes",
-            {"name": v.name, "mac": v.mac, "category": category, "bmc_address": v.bmc.address,
-             "bmc_protocol": v.bmc.kind, "bmc_user": v.bmc.user},
-        )  # fmt: skip
+            {
+                "name": v.name,
+                "mac": v.mac,
+                "category": category,
+                "bmc_address": v.bmc.address,
+                "bmc_protocol": v.bmc.kind,
+                "bmc_user": v.bmc.user,
+            },
+        )
         c.request("PUT", "/api/v1/nodes/bmc-password", json={"nodes": v.name, "password": v.bmc.password})
     out.print(
         f"registered {len(vms)} VM(s) with their BMCs: "

@@ -10,7 +10,9 @@ from cli.client import CliError
 from cli.common import JsonOpt, client
 from cli.render import emit_json, kv
 
-app = typer.Typer(help="PXE: DHCP/TFTP by dnsmasq (supervised by bcm serve) and the boot scripts.", no_args_is_help=True)
+app = typer.Typer(
+    help="PXE: DHCP/TFTP by dnsmasq (supervised by bcm serve) and the boot scripts.", no_args_is_help=True
+)
 
 
 def _show(st: dict[str, Any], as_json: bool) -> None:
@@ -20,14 +22,23 @@ def _show(st: dict[str, Any], as_json: bool) -> None:
     kv(
         "PXE",
         [
-            ("enabled", st["enabled"]), ("set by", st["source"]), ("interface", st["interface"]),
-            ("address", st["address"]), ("mode", st["mode"]),
+            ("enabled", st["enabled"]),
+            ("set by", st["source"]),
+            ("interface", st["interface"]),
+            ("address", st["address"]),
+            ("mode", st["mode"]),
             ("range", f"{st['range_start']} - {st['range_end']}" if st["range_start"] else None),
-            ("netmask", st["netmask"]), ("router", st["router"] or "none handed out"),
+            ("netmask", st["netmask"]),
+            ("router", st["router"] or "none handed out"),
             ("boot scripts", f"{st['server_url']}/boot/v1/ipxe/boot.ipxe"),
-            ("dnsmasq", f"pid {st['dnsmasq_pid']}, restarted {st['dnsmasq_restarts']}x" if st["dnsmasq_pid"] else "not running"),
+            (
+                "dnsmasq",
+                f"pid {st['dnsmasq_pid']}, restarted {st['dnsmasq_restarts']}x"
+                if st["dnsmasq_pid"]
+                else "not running",
+            ),
         ],
-    )  # fmt: skip
+    )
 
 
 @app.command("show")
@@ -39,7 +50,9 @@ def show(as_json: JsonOpt = False) -> None:
 @app.command("enable")
 def enable(
     interface: Annotated[str | None, typer.Option(help="the provisioning interface dnsmasq serves")] = None,
-    address: Annotated[str | None, typer.Option(help="this head node's address on it (nodes fetch from here)")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="this head node's address on it (nodes fetch from here)")
+    ] = None,
     dhcp_range: Annotated[
         str | None, typer.Option("--range", help="addresses handed out, FIRST-LAST (dhcp mode)")
     ] = None,
@@ -55,8 +68,13 @@ def enable(
         if not sep or not first or not last:
             raise CliError(f"--range: {dhcp_range!r} is not FIRST-LAST (like 198.18.0.100-198.18.0.150)")
         body |= {"range_start": first.strip(), "range_end": last.strip()}
-    for key, value in (("interface", interface), ("address", address), ("mode", mode), ("netmask", netmask),
-                       ("router", router)):  # fmt: skip
+    for key, value in (
+        ("interface", interface),
+        ("address", address),
+        ("mode", mode),
+        ("netmask", netmask),
+        ("router", router),
+    ):
         if value is not None:
             body[key] = value
     _show(client().request("PUT", "/api/v1/pxe", json=body), as_json)

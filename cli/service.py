@@ -24,7 +24,7 @@ TEMPLATE = "service/bcm.service.j2"
 def systemd_quote(arg: str) -> str:
     """One ExecStart word: ``%`` doubled (systemd's specifiers), quoted when it holds a space or quote."""
     arg = arg.replace("%", "%%")
-    if any(c in arg for c in ' \t"\'\\;$'):
+    if any(c in arg for c in " \t\"'\\;$"):
         return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return arg
 
@@ -57,7 +57,9 @@ def render_unit(
 @app.command("install")
 def install(
     path: Annotated[Path, typer.Option(help="where the unit goes")] = DEFAULT_PATH,
-    state_dir: Annotated[Path, typer.Option(help="BCM_STATE_DIR for the service (made 0700)")] = DEFAULT_STATE_DIR,
+    state_dir: Annotated[
+        Path, typer.Option(help="BCM_STATE_DIR for the service (made 0700)")
+    ] = DEFAULT_STATE_DIR,
     env_file: Annotated[
         Path, typer.Option(help="optional file of BCM_*=value settings the service reads")
     ] = DEFAULT_ENV_FILE,
@@ -107,7 +109,9 @@ def install(
         state_dir.chmod(0o700)
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CliError(f"cannot write {path}: {exc.strerror or exc} (as root, or --stdout to print it)") from None
+        raise CliError(
+            f"cannot write {path}: {exc.strerror or exc} (as root, or --stdout to print it)"
+        ) from None
     out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length
     err.print(
         f"start it now and at every boot:\n  systemctl daemon-reload && systemctl enable --now {unit_name}\n"

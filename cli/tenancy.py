@@ -279,8 +279,11 @@ def apply(
     started = c.post(path)
 
     def show(op: dict[str, Any], as_json: bool) -> None:
-        _show_plan(op.get("outcome") or {"cluster": started["cluster"], "applied": False, "changes": [],
-                                         "drift": 0, "notes": []}, as_json)  # fmt: skip
+        _show_plan(
+            op.get("outcome")
+            or {"cluster": started["cluster"], "applied": False, "changes": [], "drift": 0, "notes": []},
+            as_json,
+        )
         if op["state"] != "succeeded" and not as_json:
             print_failure(op)
 

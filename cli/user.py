@@ -17,7 +17,10 @@ app = typer.Typer(
 @app.command("add")
 def add(
     name: str,
-    role: Annotated[str, typer.Option(help="admin, operator, viewer, or user (only what department/project bindings give)")] = "viewer",
+    role: Annotated[
+        str,
+        typer.Option(help="admin, operator, viewer, or user (only what department/project bindings give)"),
+    ] = "viewer",
     full_name: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Create a user."""

@@ -12,7 +12,8 @@ from cli.common import JsonOpt, client, follow, print_failure
 from cli.render import emit_json, err, kv, out, table
 
 app = typer.Typer(
-    help="Workload managers: deploy Slurm or Kubernetes, show status, run the verification job.", no_args_is_help=True
+    help="Workload managers: deploy Slurm or Kubernetes, show status, run the verification job.",
+    no_args_is_help=True,
 )
 deploy_app = typer.Typer(help="Deploy a workload manager.", no_args_is_help=True)
 app.add_typer(deploy_app, name="deploy")
@@ -134,7 +135,9 @@ def _lab_defaults(body: dict[str, Any]) -> None:
         body["settings"] = {**settings, **body["settings"]}
         if password is not None and "storage_pass" not in body:
             body["storage_pass"] = password
-        err.print(f"lab {found.parent.name}: lab Slurm settings and accounting database {settings.get('storage_loc')}")
+        err.print(
+            f"lab {found.parent.name}: lab Slurm settings and accounting database {settings.get('storage_loc')}"
+        )
         return
 
 
@@ -152,9 +155,7 @@ def _show(op: dict[str, Any], as_json: bool) -> None:
             )
             for n, r in sorted((op.get("results") or {}).items())
         ]
-        table(
-            f"{op['kind']} #{op['id']}: {op['state']}", ["HOST", "STATUS", "CHANGED", "WLM", "ERROR"], rows
-        )
+        table(f"{op['kind']} #{op['id']}: {op['state']}", ["HOST", "STATUS", "CHANGED", "WLM", "ERROR"], rows)
         tail = [
             line
             for line in (op.get("log") or "").splitlines()

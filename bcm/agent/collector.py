@@ -346,11 +346,19 @@ def sample_gpu(nv: NvmlBackend, index: int) -> schema.GpuSample:
     mem = p.get("memory", nv.memory_info, index)
     ecc_mode = p.get("ecc_mode", nv.ecc_mode, index)
     ecc: schema.EccCounts = {
-        "volatile_corrected": p.get("ecc.volatile_corrected", nv.total_ecc_errors, index, uncorrected=False, aggregate=False),
-        "volatile_uncorrected": p.get("ecc.volatile_uncorrected", nv.total_ecc_errors, index, uncorrected=True, aggregate=False),
-        "aggregate_corrected": p.get("ecc.aggregate_corrected", nv.total_ecc_errors, index, uncorrected=False, aggregate=True),
-        "aggregate_uncorrected": p.get("ecc.aggregate_uncorrected", nv.total_ecc_errors, index, uncorrected=True, aggregate=True),
-    }  # fmt: skip
+        "volatile_corrected": p.get(
+            "ecc.volatile_corrected", nv.total_ecc_errors, index, uncorrected=False, aggregate=False
+        ),
+        "volatile_uncorrected": p.get(
+            "ecc.volatile_uncorrected", nv.total_ecc_errors, index, uncorrected=True, aggregate=False
+        ),
+        "aggregate_corrected": p.get(
+            "ecc.aggregate_corrected", nv.total_ecc_errors, index, uncorrected=False, aggregate=True
+        ),
+        "aggregate_uncorrected": p.get(
+            "ecc.aggregate_uncorrected", nv.total_ecc_errors, index, uncorrected=True, aggregate=True
+        ),
+    }
     rows = p.get("remapped_rows", nv.remapped_rows, index)
     remapped: schema.RemappedRows | None = None
     if rows is not None:

@@ -38,7 +38,9 @@ def opener_for(ca_file: str | None) -> urllib.request.OpenerDirector:
     """No proxy; https verified (chain and host name) against ``ca_file``, or the system's CAs without one.
     Raises OSError or ssl.SSLError when the file cannot be read as certificates."""
     context = ssl.create_default_context(cafile=ca_file)
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
 
 
 class ConfigError(Exception):
@@ -82,7 +84,17 @@ class AgentConfig:
     def from_dict(cls, data: Any, *, source: str = "config") -> AgentConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object")
-        known = {"server_url", "token", "interval_s", "expected_gpus", "buffer_max", "timeout_s", "kmsg", "push_facts", "ca_file"}
+        known = {
+            "server_url",
+            "token",
+            "interval_s",
+            "expected_gpus",
+            "buffer_max",
+            "timeout_s",
+            "kmsg",
+            "push_facts",
+            "ca_file",
+        }
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown keys {unknown}; known: {sorted(known)}")

@@ -103,7 +103,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
             # every step runs, each bounded, whatever the one before raised (#27)
             await stop_all(
                 [
-                    ("leader work", app.state.ha.stop),  # dnsmasq, provisioning, health, WLM sync, polls; the lease
+                    (
+                        "leader work",
+                        app.state.ha.stop,
+                    ),  # dnsmasq, provisioning, health, WLM sync, polls; the lease
                     ("health ingest", app.state.ingest.stop),  # taken reports are written, new ones get a 503
                     ("provisioner", app.state.provisioner.stop),
                     ("operations", app.state.runner.shutdown),
@@ -168,11 +171,26 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     # first: the busiest route (every node, every interval); routes are matched in order
     app.include_router(boot_agent.router, responses=ERRORS)  # POST /boot/v1/agent/report (node tokens only)
-    app.include_router(power.router, prefix="/api/v1", responses=ERRORS)  # before nodes: /nodes/actions/power-* is its own
+    app.include_router(
+        power.router, prefix="/api/v1", responses=ERRORS
+    )  # before nodes: /nodes/actions/power-* is its own
     from bcm.api.boot import images as boot_images
     from bcm.api.v1 import discovered, images, pxe
 
-    for module in (nodes, categories, operations, events, tokens, ssh, health, agents, wlm, images, discovered, pxe):
+    for module in (
+        nodes,
+        categories,
+        operations,
+        events,
+        tokens,
+        ssh,
+        health,
+        agents,
+        wlm,
+        images,
+        discovered,
+        pxe,
+    ):
         app.include_router(module.router, prefix="/api/v1", responses=ERRORS)
     from bcm.api.v1 import ha
 

@@ -109,6 +109,8 @@ def commit_before_serialization(routes: Iterable[Any]) -> None:
         route.endpoint = wrapped
         if route.dependant.call is endpoint:  # a route of the app itself: its handler is built already
             route.dependant.call = wrapped
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 

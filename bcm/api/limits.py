@@ -51,7 +51,11 @@ def is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
             media = value.split(b";", 1)[0].strip().lower()
-            return not media or media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+            return (
+                not media
+                or media == b"application/json"
+                or (media.startswith(b"application/") and media.endswith(b"+json"))
+            )
     return True
 
 
@@ -157,7 +161,9 @@ class AuthFailures:
 
     def _braked(self, client: str, q: deque[float], now: float) -> TooManyRequests:
         retry = max(1, int(self.window_s - (now - q[0])) + 1)
-        return TooManyRequests(f"too many failed authentications from {client}; retry in {retry} s", retry_after=retry)
+        return TooManyRequests(
+            f"too many failed authentications from {client}; retry in {retry} s", retry_after=retry
+        )
 
     def refusal(self, client: str, path: str, reason: str, error: BcmError) -> BcmError:
         """Count a failed authentication and give the error to raise: ``error`` itself, or a 429 once the

@@ -56,16 +56,28 @@ GPU_SERIES: list[tuple[str, str, GpuField]] = [
     ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Aggregate double-bit ECC errors.", lambda g: g.ecc_dbe_aggregate),
     ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", lambda g: g.last_xid or 0),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replay counter.", lambda g: g.pcie_replay),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Rows remapped for correctable errors.", lambda g: g.remap_correctable),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Rows remapped for uncorrectable errors.", lambda g: g.remap_uncorrectable),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Rows remapped for correctable errors.",
+        lambda g: g.remap_correctable,
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "Rows remapped for uncorrectable errors.",
+        lambda g: g.remap_uncorrectable,
+    ),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.", lambda g: g.remap_failure),
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether a row remap awaits a GPU reset.", lambda g: g.remap_pending),
     ("DCGM_FI_DEV_RETIRED_SBE", "Pages retired for single-bit errors.", lambda g: g.retired_sbe),
     ("DCGM_FI_DEV_RETIRED_DBE", "Pages retired for double-bit errors.", lambda g: g.retired_dbe),
     ("DCGM_FI_DEV_RETIRED_PENDING", "Pages pending retirement.", lambda g: g.retired_pending),
-    ("bcm_gpu_health", "bcm verdict on the GPU: 0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL.", lambda g: RANK.get(g.verdict, 1)),
+    (
+        "bcm_gpu_health",
+        "bcm verdict on the GPU: 0 OK, 1 UNKNOWN, 2 WARN, 3 FAIL.",
+        lambda g: RANK.get(g.verdict, 1),
+    ),
     ("bcm_gpu_xid_events", "Xid events bcm has received for this GPU.", lambda g: g.xid_count),
-]  # fmt: skip
+]
 
 
 def _fb_free(g: GpuHealth) -> int | None:
@@ -131,7 +143,8 @@ class BootCollector(Collector):
         from bcm.api.boot.images import FETCHES
 
         fetches = CounterMetricFamily(
-            "bcm_boot_artifact_fetches", "Boot-artifact downloads started, by kind (kernel, initramfs, rootfs).",
+            "bcm_boot_artifact_fetches",
+            "Boot-artifact downloads started, by kind (kernel, initramfs, rootfs).",
             labels=["kind"],
         )
         for kind in ("kernel", "initramfs", "rootfs"):
@@ -146,10 +159,13 @@ class IngestCollector(Collector):
         self.queue = queue
 
     def collect(self) -> Iterator[Any]:
-        batches = CounterMetricFamily("bcm_health_ingest_batches", "Transactions that wrote agents' health reports.")
+        batches = CounterMetricFamily(
+            "bcm_health_ingest_batches", "Transactions that wrote agents' health reports."
+        )
         batches.add_metric([], float(self.queue.batches))
         reports = CounterMetricFamily(
-            "bcm_health_ingest_reports", "Agents' health reports those transactions took (each answered on its own)."
+            "bcm_health_ingest_reports",
+            "Agents' health reports those transactions took (each answered on its own).",
         )
         reports.add_metric([], float(self.queue.reports))
         waiting = GaugeMetricFamily("bcm_health_ingest_waiting", "Health reports waiting for a transaction.")
@@ -175,7 +191,9 @@ class StateCollector(Collector):
         nodes = GaugeMetricFamily("bcm_nodes", "Nodes in each provision state.", labels=["state"])
         for state, n in sorted(self.nodes.items()):
             nodes.add_metric([state], float(n))
-        ops = GaugeMetricFamily("bcm_operations", "Operations in the database in each state.", labels=["state"])
+        ops = GaugeMetricFamily(
+            "bcm_operations", "Operations in the database in each state.", labels=["state"]
+        )
         for state, n in sorted(self.operations.items()):
             ops.add_metric([state], float(n))
         running = GaugeMetricFamily("bcm_dnsmasq_running", "1 while this server's dnsmasq is running.")
@@ -208,5 +226,7 @@ def metrics(
     registry.register(BootCollector())
     registry.register(IngestCollector(request.app.state.ingest))
     dhcp = getattr(request.app.state, "dhcp", None)
-    registry.register(StateCollector(nodes_svc.count_by_state(session), ops_svc.count_by_state(session), dhcp))
+    registry.register(
+        StateCollector(nodes_svc.count_by_state(session), ops_svc.count_by_state(session), dhcp)
+    )
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -50,7 +50,10 @@ async def method_not_allowed(request: Request, exc: Exception) -> JSONResponse:
                 methods |= set(getattr(route, "methods", None) or ())
         # HEAD is implied by GET and not documented apart from it
         headers["Allow"] = ", ".join(sorted(methods - {"HEAD"}))
-    body = {"error": "MethodNotAllowed" if exc.status_code == 405 else "HTTPError", "message": str(exc.detail)}
+    body = {
+        "error": "MethodNotAllowed" if exc.status_code == 405 else "HTTPError",
+        "message": str(exc.detail),
+    }
     return JSONResponse(status_code=exc.status_code, content=body, headers=headers)
 
 

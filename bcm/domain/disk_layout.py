@@ -88,9 +88,15 @@ class PartitionSpec(BaseModel):
 class DiskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str | None = Field(default=None, max_length=64, description="/dev/vda, /dev/nvme0n1, /dev/disk/by-id/…")
-    model: str | None = Field(default=None, min_length=1, max_length=64, description="a substring of the model")
-    min_size: str | None = Field(default=None, max_length=16, description="the smallest disk at least this big")
+    path: str | None = Field(
+        default=None, max_length=64, description="/dev/vda, /dev/nvme0n1, /dev/disk/by-id/…"
+    )
+    model: str | None = Field(
+        default=None, min_length=1, max_length=64, description="a substring of the model"
+    )
+    min_size: str | None = Field(
+        default=None, max_length=16, description="the smallest disk at least this big"
+    )
     partitions: list[PartitionSpec] = Field(min_length=1, max_length=MAX_PARTITIONS)
 
     @field_validator("path")
@@ -174,15 +180,23 @@ def _check_shape(layout: DiskLayout, field: str) -> None:
         for m, member in enumerate(array.members):
             d, p = (int(x) for x in re.findall(r"[0-9]+", member))
             if d >= len(layout.disks) or p >= len(layout.disks[d].partitions):
-                raise InvalidInput(f"{where}.members[{m}]: {member} is not in the layout", field=f"{where}.members[{m}]")
+                raise InvalidInput(
+                    f"{where}.members[{m}]: {member} is not in the layout", field=f"{where}.members[{m}]"
+                )
             if layout.disks[d].partitions[p].fs != "raid":
-                raise InvalidInput(f"{where}.members[{m}]: {member} must have fs raid", field=f"{where}.members[{m}]")
+                raise InvalidInput(
+                    f"{where}.members[{m}]: {member} must have fs raid", field=f"{where}.members[{m}]"
+                )
             if (d, p) in raid_members:
-                raise InvalidInput(f"{where}.members[{m}]: {member} is in {raid_members[(d, p)]} already",
-                                   field=f"{where}.members[{m}]")  # fmt: skip
+                raise InvalidInput(
+                    f"{where}.members[{m}]: {member} is in {raid_members[(d, p)]} already",
+                    field=f"{where}.members[{m}]",
+                )
             raid_members[(d, p)] = array.name
         if len({d for d, _ in [k for k, v in raid_members.items() if v == array.name]}) < 2:
-            raise InvalidInput(f"{where}.members: RAID-1 mirrors partitions of two disks or more", field=f"{where}.members")
+            raise InvalidInput(
+                f"{where}.members: RAID-1 mirrors partitions of two disks or more", field=f"{where}.members"
+            )
         if array.mount:
             _add_mount(mounts, array.mount, array.fs, f"{where}.mount")
     if len({a.name for a in layout.raid}) != len(layout.raid):
@@ -197,9 +211,13 @@ def _check_shape(layout: DiskLayout, field: str) -> None:
         for p, part in enumerate(disk.partitions):
             pw = f"{where}.partitions[{p}]"
             if part.size == "rest" and p != len(disk.partitions) - 1:
-                raise InvalidInput(f"{pw}.size: only the last partition of a disk may be rest", field=f"{pw}.size")
+                raise InvalidInput(
+                    f"{pw}.size: only the last partition of a disk may be rest", field=f"{pw}.size"
+                )
             if part.fs == "raid" and (d, p) not in raid_members:
-                raise InvalidInput(f"{pw}.fs: fs raid, but no raid array has it as a member", field=f"{pw}.fs")
+                raise InvalidInput(
+                    f"{pw}.fs: fs raid, but no raid array has it as a member", field=f"{pw}.fs"
+                )
             if part.fs in ("raid", "none") and part.mount:
                 raise InvalidInput(f"{pw}.mount: fs {part.fs} is not mounted", field=f"{pw}.mount")
             if part.mount:
@@ -226,7 +244,9 @@ class ChosenDisk:
     size_bytes: int | None
 
 
-def choose_disks(layout: DiskLayout, disks: list[dict[str, Any]] | None, field: str = "disk_layout") -> list[ChosenDisk]:
+def choose_disks(
+    layout: DiskLayout, disks: list[dict[str, Any]] | None, field: str = "disk_layout"
+) -> list[ChosenDisk]:
     """Which of the node's inventoried disks each layout disk is, each checked for room (a 422 naming the
     partition that does not fit). Without inventoried disks only ``path`` choices are possible (and unchecked)."""
     known = [d for d in (disks or []) if isinstance(d, dict) and d.get("name")]
@@ -239,19 +259,28 @@ def choose_disks(layout: DiskLayout, disks: list[dict[str, Any]] | None, field: 
             name = spec.path.removeprefix("/dev/")
             match = next((d for d in known if d["name"] == name), None)
             if match is None and known and "/" not in name:
-                raise InvalidInput(f"{where}.path: the node has no disk {spec.path} (it has "
-                                   f"{', '.join(sorted(str(d['name']) for d in known))})", field=f"{where}.path")  # fmt: skip
+                raise InvalidInput(
+                    f"{where}.path: the node has no disk {spec.path} (it has "
+                    f"{', '.join(sorted(str(d['name']) for d in known))})",
+                    field=f"{where}.path",
+                )
         else:
             if not known:
-                raise InvalidInput(f"{where}: the node's disks are not inventoried yet; choose this disk by path",
-                                   field=where)  # fmt: skip
+                raise InvalidInput(
+                    f"{where}: the node's disks are not inventoried yet; choose this disk by path",
+                    field=where,
+                )
             candidates = [d for d in known if d["name"] not in taken]
             if spec.model:
-                candidates = [d for d in candidates if spec.model.lower() in str(d.get("model") or "").lower()]
+                candidates = [
+                    d for d in candidates if spec.model.lower() in str(d.get("model") or "").lower()
+                ]
             if spec.min_size:
                 floor = parse_size(spec.min_size)
-                candidates = sorted((d for d in candidates if int(d.get("size_bytes") or 0) >= floor),
-                                    key=lambda d: (int(d.get("size_bytes") or 0), str(d["name"])))  # fmt: skip
+                candidates = sorted(
+                    (d for d in candidates if int(d.get("size_bytes") or 0) >= floor),
+                    key=lambda d: (int(d.get("size_bytes") or 0), str(d["name"])),
+                )
             if not candidates:
                 what = "model" if spec.model else "min_size"
                 raise InvalidInput(f"{where}.{what}: no disk of the node matches", field=f"{where}.{what}")
@@ -276,7 +305,9 @@ def choose_disks(layout: DiskLayout, disks: list[dict[str, Any]] | None, field: 
 
 
 def layout_hash(layout: DiskLayout) -> str:
-    return hashlib.sha256(json.dumps(layout.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(layout.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[
+        :16
+    ]
 
 
 def partition_device(device: str, number: int) -> str:
@@ -288,7 +319,13 @@ def partition_device(device: str, number: int) -> str:
 
 
 def render_plan(
-    layout: DiskLayout, chosen: list[ChosenDisk], *, mode: str, image: str, server_url: str, mac: str,
+    layout: DiskLayout,
+    chosen: list[ChosenDisk],
+    *,
+    mode: str,
+    image: str,
+    server_url: str,
+    mac: str,
 ) -> str:
     """The install as a POSIX shell script for the image's init (templates/image/init sources it). It uses
     the helpers init defines: ``T`` (run a tool of the fetched image: chroot), ``fail`` and ``report``.
@@ -327,10 +364,14 @@ def render_plan(
         members = []
         for m in array.members:
             d, p = (int(x) for x in re.findall(r"[0-9]+", m))
-            members.append(partition_device(next(c.device for c in chosen if c.index == d), p + FIRST_PARTITION))
+            members.append(
+                partition_device(next(c.device for c in chosen if c.index == d), p + FIRST_PARTITION)
+            )
         md = f"/dev/{array.name}"
-        arrays.append(f"T mdadm --create {md} --run --level=1 --metadata=1.0 --raid-devices={len(members)} "
-                      f"{' '.join(members)} || fail \"mdadm {array.name}\"")  # fmt: skip
+        arrays.append(
+            f"T mdadm --create {md} --run --level=1 --metadata=1.0 --raid-devices={len(members)} "
+            f'{" ".join(members)} || fail "mdadm {array.name}"'
+        )
         mkfs.append(_mkfs(array.fs, md))
         if array.fs == "swap":
             fstab.append(f"{md} none swap sw 0 0")
@@ -350,12 +391,17 @@ def render_plan(
     lines.append("    for i in $BCM_DISKS; do")
     lines.append('        eval "disk=\\$BCM_DISK_$i; script=\\$BCM_SFDISK_$i"')
     lines.append('        T wipefs -a -q "$disk" >/dev/null 2>&1')
-    lines.append('        printf "%s" "$script" | T sfdisk -q -w always -W always "$disk" || fail "sfdisk $disk"')
+    lines.append(
+        '        printf "%s" "$script" | T sfdisk -q -w always -W always "$disk" || fail "sfdisk $disk"'
+    )
     lines.append('        T blockdev --rereadpt "$disk" >/dev/null 2>&1; T partx -u "$disk" >/dev/null 2>&1')
     lines.append("    done")
     lines.append("    T udevadm settle >/dev/null 2>&1")
-    waits = [partition_device(c.device, p) for c in chosen
-             for p in range(FIRST_PARTITION, FIRST_PARTITION + len(layout.disks[c.index].partitions))]  # fmt: skip
+    waits = [
+        partition_device(c.device, p)
+        for c in chosen
+        for p in range(FIRST_PARTITION, FIRST_PARTITION + len(layout.disks[c.index].partitions))
+    ]
     lines.append(f"    for dev in {' '.join(waits)}; do")
     lines.append('        n=0; while [ ! -b "$dev" ] && [ "$n" -lt 30 ]; do sleep 1; n=$((n + 1)); done')
     lines.append('        [ -b "$dev" ] || fail "no partition $dev after sfdisk"')

@@ -91,7 +91,9 @@ class NicFacts(BaseModel):
     mtu: FactInt | None = None
     state: FactStr | None = None
     physical: bool | None = None
-    addresses: list[FactStr] = Field(default_factory=list, max_length=MAX_FACT_ITEMS, description="CIDR notation")
+    addresses: list[FactStr] = Field(
+        default_factory=list, max_length=MAX_FACT_ITEMS, description="CIDR notation"
+    )
 
 
 class OsFacts(BaseModel):
@@ -543,6 +545,7 @@ def parse_fact_output(text: str) -> HardwareFacts:
     def warn(line: str) -> None:
         if len(facts.warnings) < MAX_FACT_ITEMS:
             facts.warnings.append(printable(line)[:MAX_FACT_TEXT])
+
     if version is None:
         warn("output has no '@@@ bcm-facts' header; not produced by FACT_SCRIPT?")
 

@@ -280,88 +280,134 @@ def _ecc(g: Mapping[str, Any], key: str) -> int | None:
 W, F = Verdict.WARN, Verdict.FAIL
 GPU_RULES: tuple[GpuRule, ...] = (
     GpuRule(
-        "gpu.lost", F, Action.REBOOT_NODE,
+        "gpu.lost",
+        F,
+        Action.REBOOT_NODE,
         lambda g, t: bool(g.get("lost")),
         lambda g, t: "NVML reports the GPU lost (GPU_IS_LOST)",
     ),
     GpuRule(
-        "ecc.uncorrected", F, Action.RESET_GPU,
+        "ecc.uncorrected",
+        F,
+        Action.RESET_GPU,
         lambda g, t: (_ecc(g, "volatile_uncorrected") or 0) > t.ecc_uncorrected_max,
         lambda g, t: f"{_ecc(g, 'volatile_uncorrected')} uncorrected ECC errors since the last reset",
     ),
     GpuRule(
-        "ecc.corrected", W, Action.INVESTIGATE,
-        lambda g, t: t.ecc_corrected_warn is not None and (_ecc(g, "volatile_corrected") or 0) > t.ecc_corrected_warn,
+        "ecc.corrected",
+        W,
+        Action.INVESTIGATE,
+        lambda g, t: (
+            t.ecc_corrected_warn is not None and (_ecc(g, "volatile_corrected") or 0) > t.ecc_corrected_warn
+        ),
         lambda g, t: f"{_ecc(g, 'volatile_corrected')} corrected ECC errors since the last reset",
     ),
     GpuRule(
-        "remap.failure", F, Action.REPLACE_GPU,
+        "remap.failure",
+        F,
+        Action.REPLACE_GPU,
         lambda g, t: bool(_rows(g).get("failure")),
         lambda g, t: "row remapping failed: the GPU has no spare rows left for a failing memory row",
     ),
     GpuRule(
-        "remap.pending", W, Action.RESET_GPU,
+        "remap.pending",
+        W,
+        Action.RESET_GPU,
         lambda g, t: bool(_rows(g).get("pending")),
         lambda g, t: "a row remap is pending; it takes effect at the next GPU reset",
     ),
     GpuRule(
-        "retired_pages.limit", F, Action.REPLACE_GPU,
+        "retired_pages.limit",
+        F,
+        Action.REPLACE_GPU,
         lambda g, t: _n(_pages(g).get("single_bit")) + _n(_pages(g).get("double_bit")) >= t.retired_pages_max,
-        lambda g, t: f"{_n(_pages(g).get('single_bit')) + _n(_pages(g).get('double_bit'))} retired pages "
-        f"(limit {t.retired_pages_max})",
+        lambda g, t: (
+            f"{_n(_pages(g).get('single_bit')) + _n(_pages(g).get('double_bit'))} retired pages "
+            f"(limit {t.retired_pages_max})"
+        ),
     ),
     GpuRule(
-        "retired_pages.pending", W, Action.RESET_GPU,
+        "retired_pages.pending",
+        W,
+        Action.RESET_GPU,
         lambda g, t: bool(_pages(g).get("pending")),
         lambda g, t: "a page retirement is pending; it takes effect at the next GPU reset",
     ),
     GpuRule(
-        "temperature.shutdown", F, Action.CHECK_COOLING,
+        "temperature.shutdown",
+        F,
+        Action.CHECK_COOLING,
         _at_shutdown,
         lambda g, t: f"{g['temperature_c']} C at the shutdown threshold {g['temperature_shutdown_c']} C",
     ),
     GpuRule(
-        "temperature.slowdown", W, Action.CHECK_COOLING,
+        "temperature.slowdown",
+        W,
+        Action.CHECK_COOLING,
         _at_slowdown,
         lambda g, t: f"{g['temperature_c']} C at the slowdown threshold {g['temperature_slowdown_c']} C",
     ),
     GpuRule(
-        "temperature.limit", W, Action.CHECK_COOLING,
-        lambda g, t: t.temperature_warn_c is not None and g.get("temperature_slowdown_c") is None
-        and g.get("temperature_c") is not None and g["temperature_c"] >= t.temperature_warn_c,
+        "temperature.limit",
+        W,
+        Action.CHECK_COOLING,
+        lambda g, t: (
+            t.temperature_warn_c is not None
+            and g.get("temperature_slowdown_c") is None
+            and g.get("temperature_c") is not None
+            and g["temperature_c"] >= t.temperature_warn_c
+        ),
         lambda g, t: f"{g['temperature_c']} C at or above the configured {t.temperature_warn_c} C",
     ),
     GpuRule(
-        "clocks.slowdown", W, Action.CHECK_COOLING,
+        "clocks.slowdown",
+        W,
+        Action.CHECK_COOLING,
         lambda g, t: bool(_clock_hits(g, t)),
         lambda g, t: f"clocks held down by {', '.join(_clock_hits(g, t))}",
     ),
     GpuRule(
-        "pcie.generation", W, Action.CHECK_PCIE,
+        "pcie.generation",
+        W,
+        Action.CHECK_PCIE,
         lambda g, t: t.pcie_check_generation and _below(g, "gen_current", "gen_max"),
-        lambda g, t: f"PCIe link at gen {_pcie(g)['gen_current']}, below its maximum gen {_pcie(g)['gen_max']}",
+        lambda g, t: (
+            f"PCIe link at gen {_pcie(g)['gen_current']}, below its maximum gen {_pcie(g)['gen_max']}"
+        ),
     ),
     GpuRule(
-        "pcie.width", W, Action.CHECK_PCIE,
+        "pcie.width",
+        W,
+        Action.CHECK_PCIE,
         lambda g, t: _below(g, "width_current", "width_max"),
         lambda g, t: f"PCIe link at x{_pcie(g)['width_current']}, below its maximum x{_pcie(g)['width_max']}",
     ),
     GpuRule(
-        "pcie.replays", W, Action.CHECK_PCIE,
-        lambda g, t: t.pcie_replay_warn is not None and _n(_pcie(g).get("replay_counter")) > t.pcie_replay_warn,
-        lambda g, t: f"{_pcie(g).get('replay_counter')} PCIe replays since reset (limit {t.pcie_replay_warn})",
+        "pcie.replays",
+        W,
+        Action.CHECK_PCIE,
+        lambda g, t: (
+            t.pcie_replay_warn is not None and _n(_pcie(g).get("replay_counter")) > t.pcie_replay_warn
+        ),
+        lambda g, t: (
+            f"{_pcie(g).get('replay_counter')} PCIe replays since reset (limit {t.pcie_replay_warn})"
+        ),
     ),
     GpuRule(
-        "nvlink.errors", W, Action.CHECK_NVLINK,
+        "nvlink.errors",
+        W,
+        Action.CHECK_NVLINK,
         lambda g, t: bool(_bad_links(g, t)),
         lambda g, t: f"NVLink error counters above {t.nvlink_error_warn} on links {_bad_links(g, t)}",
     ),
     GpuRule(
-        "nvlink.inactive", W, Action.CHECK_NVLINK,
+        "nvlink.inactive",
+        W,
+        Action.CHECK_NVLINK,
         lambda g, t: t.nvlink_inactive_warn and bool(_inactive_links(g)),
         lambda g, t: f"NVLink links {_inactive_links(g)} are down",
     ),
-)  # fmt: skip
+)
 
 
 def recovery_finding(action: str | None, *, code: str, context: str) -> Finding:

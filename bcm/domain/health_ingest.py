@@ -36,7 +36,9 @@ from bcm.domain.health_report import GpuSampleIn, HealthReport
 from bcm.domain.states import State
 
 DRAIN, RESUME = "drain", "resume"
-_NONE: dict[str, Any] = {}  # a part of a GPU sample the agent left out or NVML did not offer: every reading None
+_NONE: dict[
+    str, Any
+] = {}  # a part of a GPU sample the agent left out or NVML did not offer: every reading None
 HEALTHY = (Verdict.OK, Verdict.WARN)
 DRAINED = (State.DRAINING.value, State.DRAINED.value)
 
@@ -126,13 +128,20 @@ def judge(
         prev = ctx.previous.get(gv.index)
         uuid = gv.uuid or (prev.uuid if prev else None) or f"{name}:gpu{gv.index}"
         verdict, reasons = gv.verdict, [r.to_dict() for r in gv.reasons]
-        if holding and prev is not None and prev.verdict == Verdict.FAIL.value and verdict is not Verdict.FAIL:
+        if (
+            holding
+            and prev is not None
+            and prev.verdict == Verdict.FAIL.value
+            and verdict is not Verdict.FAIL
+        ):
             verdict = Verdict.FAIL
             reasons = [*(prev.reasons or [])[:20], held.to_dict()] if held else list(prev.reasons or [])
         xids = [int(r.code[4:]) for r in gv.reasons if r.code.startswith("xid.")]
         gpu_rows.append(_gpu_row(node_id, uuid, verdict, reasons, samples[gv.index], xids, prev, now))
         readings.append(_reading(uuid, verdict, samples[gv.index], xids))
-        events += [finding_event(node_id, now, f, gv.index, uuid) for f in gv.reasons if f.code.startswith("xid.")]
+        events += [
+            finding_event(node_id, now, f, gv.index, uuid) for f in gv.reasons if f.code.startswith("xid.")
+        ]
         old = prev.verdict if prev else None
         if old != verdict.value and (old is not None or verdict is not Verdict.OK):
             verdict_changes.append((gv.index, verdict.value))
@@ -164,10 +173,19 @@ def judge(
         "updated_at": now,
     }
     return Outcome(
-        node_id, name, effective.value, raw.value, action, gpu_rows,
-        {"node_id": node_id, "time": now, "gpus": readings}, events, node_row,
-        verdict_changes, set(ctx.previous) - set(samples), prune,
-    )  # fmt: skip
+        node_id,
+        name,
+        effective.value,
+        raw.value,
+        action,
+        gpu_rows,
+        {"node_id": node_id, "time": now, "gpus": readings},
+        events,
+        node_row,
+        verdict_changes,
+        set(ctx.previous) - set(samples),
+        prune,
+    )
 
 
 def held_finding(ok_run: int, needed: int) -> Finding:
@@ -277,7 +295,9 @@ def _gpu_change_event(
     top = _worst_finding([r for r in gv.reasons if r.severity is not Verdict.OK])
     why = "; ".join(r.message for r in gv.reasons if r.severity is not Verdict.OK)[:900]
     message = f"GPU {gv.index} {old or 'new'} -> {new.value}" + (f": {why}" if why else "")
-    return event_row(node_id, now, "gpu.verdict", new, message, top.action.value if top else None, gv.index, uuid)
+    return event_row(
+        node_id, now, "gpu.verdict", new, message, top.action.value if top else None, gv.index, uuid
+    )
 
 
 def _node_change_event(

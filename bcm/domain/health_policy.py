@@ -49,7 +49,9 @@ class HealthPolicy(BaseModel):
     def _known_events(cls, v: list[str] | None) -> list[str] | None:
         for name in v or ():
             if name not in KNOWN_CLOCK_EVENTS:
-                raise ValueError(f"unknown clock event {name!r}; known: {', '.join(sorted(KNOWN_CLOCK_EVENTS))}")
+                raise ValueError(
+                    f"unknown clock event {name!r}; known: {', '.join(sorted(KNOWN_CLOCK_EVENTS))}"
+                )
         return v
 
     @field_validator("xid_overrides")

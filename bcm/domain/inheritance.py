@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-INHERITED_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "bmc_protocol", "bmc_user", "install_mode")
+INHERITED_FIELDS = (
+    "image",
+    "kernel_args",
+    "wlm_role",
+    "boot_mode",
+    "bmc_protocol",
+    "bmc_user",
+    "install_mode",
+)
 DEFAULTS: dict[str, Any] = {
     "image": None,
     "kernel_args": "",

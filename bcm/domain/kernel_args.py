@@ -27,7 +27,8 @@ def check_kernel_args(value: str, field: str = "kernel_args") -> str:
         raise InvalidInput(f"{field}: at most {MAX_CHARS} characters of kernel parameters", field=field)
     if re.search(r"[^\x20-\x7e]", value):
         raise InvalidInput(
-            f"{field}: kernel parameters on one line (no newline, tab or other control character)", field=field
+            f"{field}: kernel parameters on one line (no newline, tab or other control character)",
+            field=field,
         )
     args = [a for a in value.split(" ") if a]
     for arg in args:
@@ -39,5 +40,7 @@ def check_kernel_args(value: str, field: str = "kernel_args") -> str:
                 field=field,
             )
         if key.lower().startswith(RESERVED_PREFIXES) or key.lower() in RESERVED_KEYS:
-            raise InvalidInput(f"{field}: {key} is set by bcm itself (bcm.* and initrd are reserved)", field=field)
+            raise InvalidInput(
+                f"{field}: {key} is set by bcm itself (bcm.* and initrd are reserved)", field=field
+            )
     return " ".join(args)

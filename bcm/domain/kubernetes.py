@@ -63,8 +63,9 @@ class KubernetesSettings(BaseModel):
     """The node image carries the NVIDIA container toolkit: containerd gets the nvidia runtime."""
     tools_dir: str = TOOLS_DEFAULT_DIR
     """Head-node directory of what scripts/k8s-tools builds: the lab's every daemon; Kueue in both modes."""
-    verify_image: str = Field(default="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", max_length=200,
-                              pattern=r"^[A-Za-z0-9./:@_-]+$")  # fmt: skip
+    verify_image: str = Field(
+        default="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", max_length=200, pattern=r"^[A-Za-z0-9./:@_-]+$"
+    )
     """The verification job's image (it runs ``nvidia-smi -L``; the lab's simulated kubelets pull nothing)."""
     node_monitor_grace_s: int = Field(default=20, ge=5, le=600)
     """Lab: how long a silent kubelet stays Ready (the controller manager's grace period)."""

@@ -105,7 +105,8 @@ def _ranges_size(body: str, pattern: str, field: str) -> int:
             raise InvalidInput(f"{field}: range {item!r} runs backwards or has a zero step", field=field)
         if hi - lo >= MAX_RANGE_SPAN:
             raise InvalidInput(
-                f"{field}: range {item!r} spans {MAX_RANGE_SPAN:,} numbers or more; name smaller ranges", field=field
+                f"{field}: range {item!r} spans {MAX_RANGE_SPAN:,} numbers or more; name smaller ranges",
+                field=field,
             )
         count += (hi - lo) // step + 1
         if count > MAX_HOSTLIST_NODES:
@@ -165,7 +166,9 @@ def mac_sequence(first: str, count: int, field: str = "mac") -> list[str]:
     end = start + count - 1
     # the first octet's low bit marks multicast; a range may cross into it (fe:ff:… + 1 = ff:00:…)
     if end > 0xFFFFFFFFFFFF or (end >> 40) & 1:
-        raise InvalidInput(f"{field}: {count} consecutive MACs from {first} run past the unicast range", field=field)
+        raise InvalidInput(
+            f"{field}: {count} consecutive MACs from {first} run past the unicast range", field=field
+        )
     out = []
     for value in range(start, start + count):
         digits = f"{value:012x}"

@@ -100,7 +100,9 @@ class PlaybookResult:
     errors: list[str] = field(default_factory=list)
     task_seconds: dict[str, float] = field(default_factory=dict)  # task name -> slowest host's time
     notes: list[str] = field(default_factory=list)  # what the workload manager did beside the playbook
-    changed_tasks: list[str] = field(default_factory=list)  # "host: task" for each task that changed something
+    changed_tasks: list[str] = field(
+        default_factory=list
+    )  # "host: task" for each task that changed something
 
     def slowest(self, n: int = 5) -> list[tuple[str, float]]:
         return sorted(self.task_seconds.items(), key=lambda kv: -kv[1])[:n]
@@ -156,7 +158,13 @@ def _jinja_in(value: Any, path: str = "") -> str | None:
     """The path of the first string in extra vars that Ansible would template, or None."""
     if isinstance(value, str):
         return path or "value" if any(m in value for m in _JINJA) else None
-    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list | tuple) else ()
+    items = (
+        value.items()
+        if isinstance(value, Mapping)
+        else enumerate(value)
+        if isinstance(value, list | tuple)
+        else ()
+    )
     for key, item in items:
         found = _jinja_in(item, f"{path}.{key}" if path else str(key))
         if found:
@@ -288,7 +296,9 @@ def _collect(runner: Any, hosts: Sequence[AnsibleHost], duration_s: float) -> Pl
         if event.get("event", "").startswith("runner_on_") and isinstance(data.get("duration"), int | float):
             label = str(data.get("task") or "?")
             task_seconds[label] = max(task_seconds.get(label, 0.0), float(data["duration"]))
-        if event.get("event") in ("runner_on_ok", "runner_item_on_ok") and (data.get("res") or {}).get("changed"):
+        if event.get("event") in ("runner_on_ok", "runner_item_on_ok") and (data.get("res") or {}).get(
+            "changed"
+        ):
             changed.append(f"{data.get('host')}: {data.get('task')}")
         if event.get("event") not in _FAIL_EVENTS:
             continue

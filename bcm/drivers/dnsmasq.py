@@ -71,10 +71,14 @@ def context(settings: Settings, p: Paths, boot_url: str) -> dict[str, object]:
     """Everything the config template says, checked: a bad setting is an error naming it."""
     pxe = settings.pxe
     if not pxe.interface:
-        raise InvalidInput("pxe.interface: say which interface serves PXE (BCM_PXE__INTERFACE)", field="pxe.interface")
+        raise InvalidInput(
+            "pxe.interface: say which interface serves PXE (BCM_PXE__INTERFACE)", field="pxe.interface"
+        )
     if not pxe.address:
-        raise InvalidInput("pxe.address: the head node's address on the PXE interface (BCM_PXE__ADDRESS)",
-                           field="pxe.address")  # fmt: skip
+        raise InvalidInput(
+            "pxe.address: the head node's address on the PXE interface (BCM_PXE__ADDRESS)",
+            field="pxe.address",
+        )
     try:
         address = ipaddress.IPv4Address(pxe.address)
         network = ipaddress.IPv4Network(f"{address}/{pxe.netmask}", strict=False)
@@ -104,10 +108,14 @@ def context(settings: Settings, p: Paths, boot_url: str) -> dict[str, object]:
             try:
                 ip = ipaddress.IPv4Address(value or "")
             except ValueError:
-                raise InvalidInput(f"pxe.{field}: an IPv4 address in {network} (BCM_PXE__{field.upper()})",
-                                   field=f"pxe.{field}") from None  # fmt: skip
+                raise InvalidInput(
+                    f"pxe.{field}: an IPv4 address in {network} (BCM_PXE__{field.upper()})",
+                    field=f"pxe.{field}",
+                ) from None
             if ip not in network or ip == address:
-                raise InvalidInput(f"pxe.{field}: {ip} is not a free address of {network}", field=f"pxe.{field}")
+                raise InvalidInput(
+                    f"pxe.{field}: {ip} is not a free address of {network}", field=f"pxe.{field}"
+                )
             ctx[field] = str(ip)
         if ipaddress.IPv4Address(ctx["range_start"]) > ipaddress.IPv4Address(ctx["range_end"]):
             raise InvalidInput("pxe.range_start: the range starts after it ends", field="pxe.range_start")
@@ -166,7 +174,9 @@ def prepare_tftp(ipxe_dir: Path, tftp: Path) -> None:
     for name in IPXE_FILES:
         source = ipxe_dir / name
         if not source.is_file():
-            raise DriverError(f"{source} is missing: install Debian's ipxe package (or set BCM_PXE__IPXE_DIR)")
+            raise DriverError(
+                f"{source} is missing: install Debian's ipxe package (or set BCM_PXE__IPXE_DIR)"
+            )
         target = tftp / name
         if not target.exists() or target.stat().st_size != source.stat().st_size:
             shutil.copyfile(source, tftp / f".{name}.tmp")
@@ -189,8 +199,13 @@ def binary(settings: Settings) -> str:
 def check(dnsmasq: str, conf: Path) -> None:
     """``dnsmasq --test``: a config it would refuse is an error here, before anything is replaced."""
     try:
-        out = subprocess.run([dnsmasq, "--test", f"--conf-file={conf}"], capture_output=True, text=True, timeout=30,
-                             check=False)  # fmt: skip
+        out = subprocess.run(
+            [dnsmasq, "--test", f"--conf-file={conf}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DriverError(f"dnsmasq --test: {exc}") from None
     if out.returncode != 0:
@@ -211,7 +226,9 @@ def validate(settings: Settings, boot_url: str) -> None:
 class Supervisor:
     """Keeps one dnsmasq running for ``bcm serve``; ``sync`` rewrites the host files from the database."""
 
-    def __init__(self, settings: Settings, load_entries: Callable[[], list[tuple[str, str | None, str]]]) -> None:
+    def __init__(
+        self, settings: Settings, load_entries: Callable[[], list[tuple[str, str | None, str]]]
+    ) -> None:
         self.settings = settings
         self.paths = paths(settings)
         self._load_entries = load_entries  # () -> list[(mac, ip, name)], run in a worker thread
@@ -244,9 +261,14 @@ class Supervisor:
         log_file = open(self.paths.log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                binary(self.settings), "--keep-in-foreground", f"--conf-file={self.paths.conf}",
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
-            )  # fmt: skip
+                binary(self.settings),
+                "--keep-in-foreground",
+                f"--conf-file={self.paths.conf}",
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+            )
         finally:
             log_file.close()
         log.info("dnsmasq started (pid %s) on %s", self.proc.pid, self.settings.pxe.interface)
@@ -260,7 +282,9 @@ class Supervisor:
                 return
             ran = asyncio.get_running_loop().time() - started
             backoff = BACKOFF_MIN_S if ran > HEALTHY_AFTER_S else min(backoff * 2, BACKOFF_MAX_S)
-            log.warning("dnsmasq exited (status %s) after %.0f s; starting it again in %.0f s", rc, ran, backoff)
+            log.warning(
+                "dnsmasq exited (status %s) after %.0f s; starting it again in %.0f s", rc, ran, backoff
+            )
             await asyncio.sleep(backoff)
             if self._stopping:
                 return

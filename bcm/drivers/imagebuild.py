@@ -604,10 +604,20 @@ def _pack(
     progress(0.85)
     log("bcm: rootfs.squashfs: mksquashfs (zstd)")
     argv = [
-        "mksquashfs", str(tree), str(staging / ARTIFACT_FILES["rootfs"]),
-        "-comp", "zstd", "-Xcompression-level", "3", "-noappend", "-no-progress", "-quiet", "-wildcards",
-        "-e", *SQUASHFS_EXCLUDE,
-    ]  # fmt: skip
+        "mksquashfs",
+        str(tree),
+        str(staging / ARTIFACT_FILES["rootfs"]),
+        "-comp",
+        "zstd",
+        "-Xcompression-level",
+        "3",
+        "-noappend",
+        "-no-progress",
+        "-quiet",
+        "-wildcards",
+        "-e",
+        *SQUASHFS_EXCLUDE,
+    ]
     _run(argv, what="mksquashfs", log=log, timeout_s=deadline.left("mksquashfs"))
     progress(0.95)
     packages = _dpkg_packages(tree, deadline)

@@ -41,4 +41,6 @@ def limiter(kind: str) -> anyio.CapacityLimiter:
 
 async def run(kind: str, fn: Callable[..., T], *args: object, abandon_on_cancel: bool = False) -> T:
     """``fn(*args)`` in a thread of ``kind``'s own cap."""
-    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter(kind), abandon_on_cancel=abandon_on_cancel)
+    return await anyio.to_thread.run_sync(
+        fn, *args, limiter=limiter(kind), abandon_on_cancel=abandon_on_cancel
+    )

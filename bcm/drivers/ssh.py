@@ -265,10 +265,17 @@ class SshClient:
         connect_s = connect_timeout or self.connect_timeout_s
         command_s = command_timeout or self.command_timeout_s
         ceiling = concurrency or self.concurrency
-        budget = deadline_s if deadline_s is not None else fan_out_budget(len(hosts), ceiling, connect_s, command_s)
+        budget = (
+            deadline_s
+            if deadline_s is not None
+            else fan_out_budget(len(hosts), ceiling, connect_s, command_s)
+        )
         deadline = time.monotonic() + budget
         control = AimdLimit(
-            ceiling, slow_s=connect_s * SLOW_CONNECT_FRACTION, floor=min(ceiling, 4), increase=max(1.0, ceiling / 16)
+            ceiling,
+            slow_s=connect_s * SLOW_CONNECT_FRACTION,
+            floor=min(ceiling, 4),
+            increase=max(1.0, ceiling / 16),
         )
         gate = Gate(control)
 
@@ -280,8 +287,13 @@ class SshClient:
         if retried or control.cuts:
             log.info(
                 "ssh fan-out to %d hosts: %d retries, concurrency cut %d times (ceiling %d, lowest %d, now %d)",
-                len(hosts), retried, control.cuts, ceiling, control.lowest, control.limit,
-            )  # fmt: skip
+                len(hosts),
+                retried,
+                control.cuts,
+                ceiling,
+                control.lowest,
+                control.limit,
+            )
         return results
 
     async def run_one(
@@ -403,8 +415,14 @@ class SshClient:
             if wait is None:
                 break
             earlier.append(f"{result.status.value}: {result.error}")
-            log.debug("ssh %s: attempt %d %s (%s); again in %.1fs", target.name, attempts,
-                      result.status.value, result.error, wait)  # fmt: skip
+            log.debug(
+                "ssh %s: attempt %d %s (%s); again in %.1fs",
+                target.name,
+                attempts,
+                result.status.value,
+                result.error,
+                wait,
+            )
             await asyncio.sleep(wait)
         result.attempts, result.earlier = attempts, earlier
         result.duration_s = time.monotonic() - started

@@ -224,9 +224,11 @@ async def _run_one(
         if isinstance(exc, asyncio.CancelledError):
             raise
         return PushResult(
-            target.name, "timed_out", error=f"push did not finish within {timeout_s:.0f} s",
+            target.name,
+            "timed_out",
+            error=f"push did not finish within {timeout_s:.0f} s",
             duration_s=time.monotonic() - started,
-        )  # fmt: skip
+        )
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     status, error = classify(proc.returncode or 0, stderr)
     changed, sample, size = parse_output(stdout)
@@ -262,10 +264,16 @@ async def push(
         async def one(target: PushTarget) -> PushResult:
             try:
                 return await _run_one(
-                    source, target, excludes, key_file=key_file, known_hosts=known_hosts,
-                    username=username, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s,
+                    source,
+                    target,
+                    excludes,
+                    key_file=key_file,
+                    known_hosts=known_hosts,
+                    username=username,
+                    connect_timeout_s=connect_timeout_s,
+                    timeout_s=timeout_s,
                     dry_run=dry_run,
-                )  # fmt: skip
+                )
             except OSError as exc:  # fork failed, too many files: this node's failure only
                 return PushResult(target.name, "error", error=f"could not run rsync: {exc}")
 
@@ -299,8 +307,11 @@ def unpack_squashfs(
         try:
             done = subprocess.run(
                 ["unsquashfs", "-no-progress", "-d", str(partial / "rootfs"), str(squashfs)],
-                capture_output=True, text=True, timeout=timeout_s, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise FatalDriverError(f"unsquashfs {squashfs} failed (exit {done.returncode}): {tail[0]}")

@@ -83,9 +83,24 @@ def ensure_mariadb(timeout_s: float = START_TIMEOUT_S) -> None:
         )
     Path("/run/mysqld").mkdir(exist_ok=True)
     shutil.chown("/run/mysqld", "mysql", "mysql")
-    _run(["start-stop-daemon", "--start", "--quiet", "--oknodo", "--background", "--chuid", "mysql:mysql",
-          "--pidfile", "/run/mysqld/mysqld.pid", "--exec", str(MARIADBD), "--",
-          "--pid-file=/run/mysqld/mysqld.pid", f"--socket={MYSQL_SOCKET}"])  # fmt: skip
+    _run(
+        [
+            "start-stop-daemon",
+            "--start",
+            "--quiet",
+            "--oknodo",
+            "--background",
+            "--chuid",
+            "mysql:mysql",
+            "--pidfile",
+            "/run/mysqld/mysqld.pid",
+            "--exec",
+            str(MARIADBD),
+            "--",
+            "--pid-file=/run/mysqld/mysqld.pid",
+            f"--socket={MYSQL_SOCKET}",
+        ]
+    )
     deadline = time.monotonic() + timeout_s
     while not _socket_answers(MYSQL_SOCKET):  # bounded by timeout_s
         if time.monotonic() > deadline:

@@ -165,8 +165,17 @@ def start(
         ipmi_sim = shutil.which("ipmi_sim")
         if ipmi_sim is None:
             raise LabError("ipmi_sim is not installed (Debian package openipmi)")
-        argv = [ipmi_sim, "-c", str(spec.dir / "lan.conf"), "-f", str(spec.dir / "bmc.emu"),
-                "-s", str(spec.dir / "ipmi-state"), "-n", "-p"]  # fmt: skip
+        argv = [
+            ipmi_sim,
+            "-c",
+            str(spec.dir / "lan.conf"),
+            "-f",
+            str(spec.dir / "bmc.emu"),
+            "-s",
+            str(spec.dir / "ipmi-state"),
+            "-n",
+            "-p",
+        ]
     elif spec.kind == "redfish":
         import bcrypt
 

@@ -108,7 +108,9 @@ vrrp_instance VI {{
 def check_database_url(url: str | None, subnet: str = DEFAULT_SUBNET) -> str:
     """The URL if every head can share it; else a LabError saying what to give instead (no I/O)."""
     if not url:
-        raise LabError(f"several heads need --database-url, a PostgreSQL database they share (e.g. {EXAMPLE_URL})")
+        raise LabError(
+            f"several heads need --database-url, a PostgreSQL database they share (e.g. {EXAMPLE_URL})"
+        )
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -116,7 +118,9 @@ def check_database_url(url: str | None, subnet: str = DEFAULT_SUBNET) -> str:
     backend = parsed.get_backend_name()
     if backend != "postgresql":
         why = "SQLite is one file on one machine" if backend == "sqlite" else f"not {backend}"
-        raise LabError(f"--database-url: several heads share one PostgreSQL database, {why} (e.g. {EXAMPLE_URL})")
+        raise LabError(
+            f"--database-url: several heads share one PostgreSQL database, {why} (e.g. {EXAMPLE_URL})"
+        )
     query_hosts = parsed.query.get("host", ())
     hosts = [parsed.host] if parsed.host else []
     hosts += [query_hosts] if isinstance(query_hosts, str) else list(query_hosts)
@@ -128,8 +132,10 @@ def check_database_url(url: str | None, subnet: str = DEFAULT_SUBNET) -> str:
         except ValueError:
             inside = False
         if not inside:
-            raise LabError(f"the heads' namespaces reach only {subnet}, not {host}: give PostgreSQL's socket "
-                           f"(e.g. {EXAMPLE_URL})")  # fmt: skip
+            raise LabError(
+                f"the heads' namespaces reach only {subnet}, not {host}: give PostgreSQL's socket "
+                f"(e.g. {EXAMPLE_URL})"
+            )
     return url
 
 
@@ -167,10 +173,16 @@ class Head:
         return "down" if not alive or pid is None else "frozen" if procs.is_stopped(pid) else "up"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "netns": self.netns, "address": self.address,
-                "state_dir": str(self.state_dir), "serve_pid": self.serve_pid,
-                "serve_started": self.serve_started, "keepalived_pid": self.keepalived_pid,
-                "keepalived_started": self.keepalived_started}  # fmt: skip
+        return {
+            "index": self.index,
+            "netns": self.netns,
+            "address": self.address,
+            "state_dir": str(self.state_dir),
+            "serve_pid": self.serve_pid,
+            "serve_started": self.serve_started,
+            "keepalived_pid": self.keepalived_pid,
+            "keepalived_started": self.keepalived_started,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Head:
@@ -213,14 +225,23 @@ class Heads:
         file = Path(work) / STATE_FILE
         try:
             data = json.loads(file.read_text())
-            heads = cls(Path(work), data["count"], data["database_url"], name=data["name"], subnet=data["subnet"],
-                        lease_s=data["lease_s"], advert_s=data["advert_s"],
-                        check_rise=data.get("check_rise", 1))  # fmt: skip
+            heads = cls(
+                Path(work),
+                data["count"],
+                data["database_url"],
+                name=data["name"],
+                subnet=data["subnet"],
+                lease_s=data["lease_s"],
+                advert_s=data["advert_s"],
+                check_rise=data.get("check_rise", 1),
+            )
             heads.heads = [Head.from_dict(item) for item in data["heads"]]
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as exc:
-            raise LabError(f"heads state file {file} is unreadable ({exc}); `bcm lab down` cleans up") from None
+            raise LabError(
+                f"heads state file {file} is unreadable ({exc}); `bcm lab down` cleans up"
+            ) from None
         return heads
 
     @property
@@ -276,10 +297,26 @@ class Heads:
     def _bring_up(self) -> None:
         prefix = self.net.prefixlen
         procs.run(["ip", "netns", "add", self.bridge_ns])
-        procs.run(["ip", "-n", self.bridge_ns, "-batch", "-"],
-                  stdin="link set lo up\nlink add br0 type bridge stp_state 0 forward_delay 0\nlink set br0 up\n")  # fmt: skip
+        procs.run(
+            ["ip", "-n", self.bridge_ns, "-batch", "-"],
+            stdin="link set lo up\nlink add br0 type bridge stp_state 0 forward_delay 0\nlink set br0 up\n",
+        )
         host_addr = self.net.network_address + 254
-        procs.run(["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", "p-host", "netns", self.bridge_ns])
+        procs.run(
+            [
+                "ip",
+                "link",
+                "add",
+                self.host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "p-host",
+                "netns",
+                self.bridge_ns,
+            ]
+        )
         procs.run(["ip", "-n", self.bridge_ns, "link", "set", "p-host", "master", "br0", "up"])
         procs.run(["ip", "addr", "add", f"{host_addr}/{prefix}", "dev", self.host_if])
         procs.run(["ip", "link", "set", self.host_if, "up"])
@@ -287,11 +324,28 @@ class Heads:
         for i, address in enumerate(addresses, 1):
             ns = f"{self.name}-{i}"
             procs.run(["ip", "netns", "add", ns])
-            procs.run(["ip", "-n", self.bridge_ns, "link", "add", f"p-{i}", "type", "veth", "peer", "name", "eth0",
-                       "netns", ns])  # fmt: skip
+            procs.run(
+                [
+                    "ip",
+                    "-n",
+                    self.bridge_ns,
+                    "link",
+                    "add",
+                    f"p-{i}",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    ns,
+                ]
+            )
             procs.run(["ip", "-n", self.bridge_ns, "link", "set", f"p-{i}", "master", "br0", "up"])
-            procs.run(["ip", "-n", ns, "-batch", "-"],
-                      stdin=f"link set lo up\naddr add {address}/{prefix} dev eth0\nlink set eth0 up\n")  # fmt: skip
+            procs.run(
+                ["ip", "-n", ns, "-batch", "-"],
+                stdin=f"link set lo up\naddr add {address}/{prefix} dev eth0\nlink set eth0 up\n",
+            )
             self.heads.append(Head(i, ns, address, self.work / f"head{i}"))
         self._save()
         for head in self.heads:
@@ -301,13 +355,21 @@ class Heads:
             self._start_keepalived(head, [h.address for h in self.heads if h is not head])
             self._save()
 
-    def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    def _spawn(
+        self, argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         """A detached child: its own session, no terminal, output to its log."""
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             log.close()
         self._children.append(child)
@@ -316,24 +378,60 @@ class Heads:
     def _start_serve(self, head: Head) -> None:
         head.state_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BCM_")}
-        env.update(BCM_STATE_DIR=str(head.state_dir), BCM_DATABASE_URL=self.database_url,
-                   BCM_HA__LEASE_S=str(self.lease_s), BCM_HA__ADDRESS=f"{head.address}:{PORT}")  # fmt: skip
+        env.update(
+            BCM_STATE_DIR=str(head.state_dir),
+            BCM_DATABASE_URL=self.database_url,
+            BCM_HA__LEASE_S=str(self.lease_s),
+            BCM_HA__ADDRESS=f"{head.address}:{PORT}",
+        )
         # `ip netns exec` execs the server itself: the child's pid is bcm serve's
-        serve = self._spawn(["ip", "netns", "exec", head.netns, sys.executable, "-m", "cli.main", "serve",
-                             "--host", "0.0.0.0", "--port", str(PORT)],
-                            self.work / f"head{head.index}.log", env, Path(__file__).resolve().parents[2])  # fmt: skip
+        serve = self._spawn(
+            [
+                "ip",
+                "netns",
+                "exec",
+                head.netns,
+                sys.executable,
+                "-m",
+                "cli.main",
+                "serve",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(PORT),
+            ],
+            self.work / f"head{head.index}.log",
+            env,
+            Path(__file__).resolve().parents[2],
+        )
         head.serve_pid, head.serve_started = serve.pid, procs.start_time(serve.pid)
         deadline = time.monotonic() + SERVE_READY_S
         while time.monotonic() < deadline:
             if serve.poll() is not None:
                 raise LabError(f"bcm serve on head {head.index} exited: {self._tail(head)}")
-            ok = subprocess.run(["ip", "netns", "exec", head.netns, "curl", "-sf", "-m", "1", "-o", "/dev/null",
-                                 f"http://127.0.0.1:{PORT}/healthz"], stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+            ok = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    head.netns,
+                    "curl",
+                    "-sf",
+                    "-m",
+                    "1",
+                    "-o",
+                    "/dev/null",
+                    f"http://127.0.0.1:{PORT}/healthz",
+                ],
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
             if ok.returncode == 0:
                 return
             time.sleep(0.2)
-        raise LabError(f"bcm serve on head {head.index} did not answer within {SERVE_READY_S:.0f} s: "
-                       f"{self._tail(head)}")  # fmt: skip
+        raise LabError(
+            f"bcm serve on head {head.index} did not answer within {SERVE_READY_S:.0f} s: {self._tail(head)}"
+        )
 
     def _tail(self, head: Head) -> str:
         return (self.work / f"head{head.index}.log").read_text(errors="replace")[-1500:]
@@ -345,14 +443,40 @@ class Heads:
         check.write_text(CHECK.format(port=PORT))
         os.chmod(check, 0o700)  # keepalived refuses a script others may write
         conf = d / "keepalived.conf"
-        conf.write_text(KEEPALIVED.format(
-            name=f"{self.name}{head.index}", check=check, router_id=ROUTER_ID, priority=150 - head.index,
-            advert=self.advert_s, address=head.address, peers="\n".join(f"        {p}" for p in peers),
-            vip=self.vip, prefix=self.net.prefixlen, rise=self.check_rise,
-        ))  # fmt: skip
-        keepalived = self._spawn(["ip", "netns", "exec", head.netns, "keepalived", "-n", "-l", "-D", "-P",
-                                  "-f", str(conf), "-p", str(d / "keepalived.pid"), "-r", str(d / "vrrp.pid")],
-                                 d / "keepalived.log")  # fmt: skip
+        conf.write_text(
+            KEEPALIVED.format(
+                name=f"{self.name}{head.index}",
+                check=check,
+                router_id=ROUTER_ID,
+                priority=150 - head.index,
+                advert=self.advert_s,
+                address=head.address,
+                peers="\n".join(f"        {p}" for p in peers),
+                vip=self.vip,
+                prefix=self.net.prefixlen,
+                rise=self.check_rise,
+            )
+        )
+        keepalived = self._spawn(
+            [
+                "ip",
+                "netns",
+                "exec",
+                head.netns,
+                "keepalived",
+                "-n",
+                "-l",
+                "-D",
+                "-P",
+                "-f",
+                str(conf),
+                "-p",
+                str(d / "keepalived.pid"),
+                "-r",
+                str(d / "vrrp.pid"),
+            ],
+            d / "keepalived.log",
+        )
         head.keepalived_pid, head.keepalived_started = keepalived.pid, procs.start_time(keepalived.pid)
 
     # ---- looking --------------------------------------------------------------------------------------
@@ -385,18 +509,30 @@ class Heads:
             if len(holders) == 1 and holders == self.leaders():
                 return holders[0]
             if time.monotonic() > deadline:
-                raise LabError(f"no head led and held {self.vip} alone within {timeout_s:.0f} s (holding: "
-                               f"{holders or 'none'}); see the logs in {self.work}")  # fmt: skip
+                raise LabError(
+                    f"no head led and held {self.vip} alone within {timeout_s:.0f} s (holding: "
+                    f"{holders or 'none'}); see the logs in {self.work}"
+                )
             time.sleep(0.2)
 
     def status(self) -> list[dict[str, Any]]:
         """Each head: address, its processes and their state, whether it holds the address and leads."""
         holders, leaders = set(self.holders()), set(self.leaders())
-        return [{"head": h.index, "netns": h.netns, "address": h.address, "url": h.url,
-                 "serve": h.state(h.serve_pid, h.serve_alive), "serve_pid": h.serve_pid,
-                 "keepalived": h.state(h.keepalived_pid, h.keepalived_alive), "keepalived_pid": h.keepalived_pid,
-                 "service_address": h.index in holders, "leading": h.index in leaders}
-                for h in self.heads]  # fmt: skip
+        return [
+            {
+                "head": h.index,
+                "netns": h.netns,
+                "address": h.address,
+                "url": h.url,
+                "serve": h.state(h.serve_pid, h.serve_alive),
+                "serve_pid": h.serve_pid,
+                "keepalived": h.state(h.keepalived_pid, h.keepalived_alive),
+                "keepalived_pid": h.keepalived_pid,
+                "service_address": h.index in holders,
+                "leading": h.index in leaders,
+            }
+            for h in self.heads
+        ]
 
     def head(self, index: int) -> Head:
         if not self.heads:
@@ -477,10 +613,17 @@ class Heads:
             yield
 
     def _save(self) -> None:
-        data = {"name": self.name, "subnet": self.subnet, "count": self.count, "database_url": self.database_url,
-                "lease_s": self.lease_s, "advert_s": self.advert_s, "check_rise": self.check_rise,
-                "service_address": self.vip,
-                "heads": [head.to_dict() for head in self.heads]}  # fmt: skip
+        data = {
+            "name": self.name,
+            "subnet": self.subnet,
+            "count": self.count,
+            "database_url": self.database_url,
+            "lease_s": self.lease_s,
+            "advert_s": self.advert_s,
+            "check_rise": self.check_rise,
+            "service_address": self.vip,
+            "heads": [head.to_dict() for head in self.heads],
+        }
         tmp = self.work / f"{STATE_FILE}.tmp"
         tmp.unlink(missing_ok=True)
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:

@@ -95,9 +95,16 @@ class Lab:
         return str(net.head_address(self.subnet))
 
     def up(
-        self, n: int, authorized_keys: list[str], *, gpus: int = 0, slurm: bool = False, vms: int = 0,
-        vm_bmc_password: str | None = None, vm_disk_bytes: int | None = None,
-    ) -> list[LabNode]:  # fmt: skip
+        self,
+        n: int,
+        authorized_keys: list[str],
+        *,
+        gpus: int = 0,
+        slurm: bool = False,
+        vms: int = 0,
+        vm_bmc_password: str | None = None,
+        vm_disk_bytes: int | None = None,
+    ) -> list[LabNode]:
         """Clean any leftovers, then start n nodes that accept the given public keys as root.
 
         ``gpus``: each node gets that many simulated H100s (nvidia-smi, character devices for Slurm,

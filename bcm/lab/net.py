@@ -113,10 +113,23 @@ def create_network(netns: str, host_if: str, subnet: ipaddress.IPv4Network) -> N
     )
     procs.run(
         [
-            "ip", "link", "add", host_if, "address", HOST_MAC, "type", "veth",
-            "peer", "name", HOST_PEER, "address", HOST_PEER_MAC, "netns", netns,
+            "ip",
+            "link",
+            "add",
+            host_if,
+            "address",
+            HOST_MAC,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            HOST_PEER,
+            "address",
+            HOST_PEER_MAC,
+            "netns",
+            netns,
         ]
-    )  # fmt: skip
+    )
     procs.run(["ip", "-n", netns, "link", "set", HOST_PEER, "master", BRIDGE, "up"])
     procs.run(["ip", "addr", "add", host_addr, "dev", host_if])
     procs.run(["ip", "link", "set", host_if, "up"])

@@ -184,10 +184,18 @@ def start_script(lower: Path, dirs: NodeDirs, hostname: str) -> str:
 def spawn(netns: str, script: str, log: Path) -> subprocess.Popen[bytes]:
     """Start the node's process tree; it outlives this Python process (own session, no pipes)."""
     argv = [
-        "nsenter", f"--net=/run/netns/{netns}",
-        "unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child",
-        "sh", "-c", script,
-    ]  # fmt: skip
+        "nsenter",
+        f"--net=/run/netns/{netns}",
+        "unshare",
+        "--mount",
+        "--uts",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "sh",
+        "-c",
+        script,
+    ]
     with open(log, "ab") as out:
         return subprocess.Popen(
             argv,
@@ -212,11 +220,21 @@ def exec_argv(node: LabNode, argv: list[str]) -> list[str]:
     if not node.alive or node.sshd_pid is None:
         raise LabError(f"lab node {node.name} is not running; start it first")
     return [
-        "nsenter", f"--target={node.sshd_pid}",
-        "--mount", "--uts", "--net", "--pid", "--root", "--wd",
-        "env", "-i", f"PATH={NODE_PATH}", "HOME=/root", "LANG=C.UTF-8",
+        "nsenter",
+        f"--target={node.sshd_pid}",
+        "--mount",
+        "--uts",
+        "--net",
+        "--pid",
+        "--root",
+        "--wd",
+        "env",
+        "-i",
+        f"PATH={NODE_PATH}",
+        "HOME=/root",
+        "LANG=C.UTF-8",
         *argv,
-    ]  # fmt: skip
+    ]
 
 
 def log_tail(dirs: NodeDirs, limit: int = 1500) -> str:

@@ -60,7 +60,12 @@ def main(argv: list[str]) -> int:
     fakedriver.FakeDriver = make_driver(machine_dir)  # the emulator looks it up at first use
     sys.argv = ["sushy-emulator", "--config", config, "--fake"]
     if (machine_dir / "tls.crt").exists():
-        sys.argv += ["--ssl-certificate", str(machine_dir / "tls.crt"), "--ssl-key", str(machine_dir / "tls.key")]
+        sys.argv += [
+            "--ssl-certificate",
+            str(machine_dir / "tls.crt"),
+            "--ssl-key",
+            str(machine_dir / "tls.key"),
+        ]
     result: Any = emulator.main()
     return int(result or 0)
 

@@ -25,10 +25,28 @@ RECIPE = "lab"
 BUILD_TIMEOUT_S = 3600
 # what the lab's nodes must carry (tests/unit/test_image_recipes.py checks the recipes hold them)
 PACKAGES: tuple[str, ...] = (
-    "openssh-server", "python3", "python3-apt", "iproute2", "iputils-ping", "procps", "util-linux",
-    "pciutils", "dmidecode", "ethtool", "kmod", "less", "rsync", "slurmd", "slurm-client", "slurmctld",
-    "slurmdbd", "slurm-wlm-mysql-plugin", "munge", "sudo", "libpam-runtime",
-)  # fmt: skip
+    "openssh-server",
+    "python3",
+    "python3-apt",
+    "iproute2",
+    "iputils-ping",
+    "procps",
+    "util-linux",
+    "pciutils",
+    "dmidecode",
+    "ethtool",
+    "kmod",
+    "less",
+    "rsync",
+    "slurmd",
+    "slurm-client",
+    "slurmctld",
+    "slurmdbd",
+    "slurm-wlm-mysql-plugin",
+    "munge",
+    "sudo",
+    "libpam-runtime",
+)
 
 
 def image_cache(cache_dir: Path) -> Path:
@@ -40,8 +58,9 @@ def ensure_rootfs(cache_dir: Path = DEFAULT_CACHE_DIR, recipes_dir: Path = RECIP
     """The cached tree of the `lab` image, built first if absent (minutes, needs the Debian mirror)."""
     try:
         chain = image_recipe.chain(image_recipe.load_recipes(recipes_dir), RECIPE)
-        return imagebuild.ensure_tree(chain, image_cache(cache_dir), lambda line: log.debug("%s", line),
-                                      timeout_s=BUILD_TIMEOUT_S)  # fmt: skip
+        return imagebuild.ensure_tree(
+            chain, image_cache(cache_dir), lambda line: log.debug("%s", line), timeout_s=BUILD_TIMEOUT_S
+        )
     except BcmError as exc:
         raise LabError(
             f"the lab image ({recipes_dir / (RECIPE + '.yaml')}) did not build: {exc.message}"

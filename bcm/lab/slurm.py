@@ -88,9 +88,18 @@ class SlurmLab:
             )
             run = cls(built, server, http, "", [], gpus_per_node)
             run.cli(
-                "lab", "up", "--nodes", str(nodes), "--gpus", str(gpus_per_node),
-                "--name", name, "--subnet", subnet, "--json",
-            )  # fmt: skip
+                "lab",
+                "up",
+                "--nodes",
+                str(nodes),
+                "--gpus",
+                str(gpus_per_node),
+                "--name",
+                name,
+                "--subnet",
+                subnet,
+                "--json",
+            )
             members = [n.name for n in built.status()]
             run.controller, run.compute = members[0], members[1:]
             run.cli("node", "inventory", fold_hostlist(members), "--json")
@@ -98,9 +107,13 @@ class SlurmLab:
         finally:
             try:
                 subprocess.run(
-                    [*server.argv, "lab", "down", "--name", name], env=server.env(), cwd=server.cwd,
-                    capture_output=True, timeout=300, check=False,
-                )  # fmt: skip
+                    [*server.argv, "lab", "down", "--name", name],
+                    env=server.env(),
+                    cwd=server.cwd,
+                    capture_output=True,
+                    timeout=300,
+                    check=False,
+                )
                 built.down()  # whatever the command left (it should leave nothing)
             finally:
                 server.stop()

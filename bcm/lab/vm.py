@@ -38,8 +38,14 @@ class LabVm:
     bmc_pid: int | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "index": self.index, "mac": self.mac, "tap": self.tap,
-                "bmc": self.bmc.to_dict(), "bmc_pid": self.bmc_pid}  # fmt: skip
+        return {
+            "name": self.name,
+            "index": self.index,
+            "mac": self.mac,
+            "tap": self.tap,
+            "bmc": self.bmc.to_dict(),
+            "bmc_pid": self.bmc_pid,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> LabVm:
@@ -73,7 +79,11 @@ def make_disk(path: Path, size: int) -> None:
 
 
 def qemu_argv(
-    name: str, tap: str, mac: str, serial_log: Path | None = None, bmc_oem: str | None = None,
+    name: str,
+    tap: str,
+    mac: str,
+    serial_log: Path | None = None,
+    bmc_oem: str | None = None,
     disk: Path | None = None,
 ) -> list[str]:
     """The VM's command line. It starts paused (``-S``) unless it boots from the network (the chassis drops
@@ -86,19 +96,45 @@ def qemu_argv(
         raise LabError("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
     serial = f"file:{serial_log}" if serial_log else "none"
     return [
-        qemu, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", str(VM_MEMORY_MIB), "-smp", "1",
-        "-nodefaults", "-no-user-config", "-display", "none", "-serial", serial, "-monitor", "none",
-        "-no-reboot", "-S", "-boot", "{boot}",
-        "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
-        "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
+        qemu,
+        "-name",
+        name,
+        "-accel",
+        "tcg",
+        "-cpu",
+        "max",
+        "-m",
+        str(VM_MEMORY_MIB),
+        "-smp",
+        "1",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-serial",
+        serial,
+        "-monitor",
+        "none",
+        "-no-reboot",
+        "-S",
+        "-boot",
+        "{boot}",
+        "-netdev",
+        f"tap,id=n0,ifname={tap},script=no,downscript=no",
+        "-device",
+        f"virtio-net-pci,netdev=n0,mac={mac}",
         *(["-smbios", "type=11,value=" + bmc_oem.replace(",", ",,")] if bmc_oem else []),
         # a disk (#30): virtio, BIOS drive 0x80 (iPXE's local purpose boots it); the disk boots after the network
         *(["-drive", f"file={disk},format=qcow2,if=virtio,cache=unsafe"] if disk else []),
-    ]  # fmt: skip
+    ]
 
 
 def up(
-    state_dir: Path, netns: str, subnet: ipaddress.IPv4Network, count: int, bmc_password: str | None = None,
+    state_dir: Path,
+    netns: str,
+    subnet: ipaddress.IPv4Network,
+    count: int,
+    bmc_password: str | None = None,
     disk_bytes: int | None = None,
 ) -> list[LabVm]:
     """Make ``count`` VMs (powered off) with their BMCs listening; records them in ``vms.json``.
@@ -115,8 +151,15 @@ def up(
         address = subnet.network_address + FIRST_BMC_HOST + i
         if address not in subnet or address == subnet.broadcast_address:
             raise LabError(f"no room for the BMC of {name} in {subnet}")
-        spec = bmc.BmcSpec(kind, name, str(address), PORTS[kind], BMC_USER, bmc_password or secrets.token_urlsafe(12),
-                           str(state_dir / "vms" / name))  # fmt: skip
+        spec = bmc.BmcSpec(
+            kind,
+            name,
+            str(address),
+            PORTS[kind],
+            BMC_USER,
+            bmc_password or secrets.token_urlsafe(12),
+            str(state_dir / "vms" / name),
+        )
         vms.append(LabVm(name, i, vm_mac(i), tap, spec))
     _save(state_dir, vms)
     for vm in vms:

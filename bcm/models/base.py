@@ -41,4 +41,3 @@ def ts_column(*, nullable: bool = True, index: bool = False) -> Any:
 
 def json_column(*, nullable: bool = True) -> Any:
     return Column(JSON, nullable=nullable)
-

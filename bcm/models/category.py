@@ -51,8 +51,10 @@ class CategoryBase(SQLModel):
     @classmethod
     def _host_key_source(cls, v: str | None) -> str | None:
         if v is not None and v not in HOST_KEY_SOURCES:
-            raise InvalidInput(f"host_key_source: {v[:16]!r} is not one of {', '.join(HOST_KEY_SOURCES)}",
-                               field="host_key_source")  # fmt: skip
+            raise InvalidInput(
+                f"host_key_source: {v[:16]!r} is not one of {', '.join(HOST_KEY_SOURCES)}",
+                field="host_key_source",
+            )
         return v
 
     @field_validator("discover_mac_prefix")
@@ -62,7 +64,9 @@ class CategoryBase(SQLModel):
             return None
         value = v.strip().lower().replace("-", ":")
         if not re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){0,5}", value):
-            raise ValueError(f"discover_mac_prefix: {v[:17]!r} is not a MAC prefix (1-6 octets, like 52:54:00)")
+            raise ValueError(
+                f"discover_mac_prefix: {v[:17]!r} is not a MAC prefix (1-6 octets, like 52:54:00)"
+            )
         return value
 
     @field_validator("discover_names")

@@ -108,7 +108,9 @@ class HealthRecord(SQLModel, table=True):
     __table_args__ = (Index("ix_healthrecord_node_id_id", "node_id", "id"),)
 
     id: int | None = Field(default=None, sa_column=Column(BigId, primary_key=True, autoincrement=True))
-    node_id: int = Field(foreign_key="node.id", ondelete="CASCADE")  # ix_healthrecord_node_id_id leads with it
+    node_id: int = Field(
+        foreign_key="node.id", ondelete="CASCADE"
+    )  # ix_healthrecord_node_id_id leads with it
     time: datetime = Field(sa_column=ts_column(nullable=False))
     gpus: list[list[Any]] = Field(sa_column=json_column(nullable=False))
 

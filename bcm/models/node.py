@@ -94,7 +94,9 @@ class Node(NodeSettings, table=True):
     bmc_password_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet, see services.secrets
     # the BMC (bcm.domain.power.target_key) the node's own password was set for; elsewhere it is not sent
     bmc_password_target: str | None = Field(default=None, max_length=300)
-    bmc_tls_pin: str | None = Field(default=None, max_length=64)  # Redfish https: sha256 of the BMC's certificate
+    bmc_tls_pin: str | None = Field(
+        default=None, max_length=64
+    )  # Redfish https: sha256 of the BMC's certificate
     power_state: str | None = Field(default=None, max_length=16)
     power_checked_at: datetime | None = Field(default=None, sa_column=ts_column())
     running_image: str | None = Field(default=None, max_length=200)  # "<image>:<version>" last pushed
@@ -117,7 +119,9 @@ class Node(NodeSettings, table=True):
     installed_image: str | None = Field(default=None, max_length=200)
     installed_layout: str | None = Field(default=None, max_length=16)
     installed_at: datetime | None = Field(default=None, sa_column=ts_column())
-    install_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))  # the last install/sync wrote
+    install_bytes: int | None = Field(
+        default=None, sa_column=Column(BigInteger)
+    )  # the last install/sync wrote
     # what runs: the image version its last boot called back with, from "network" (stateless) or "disk"
     booted_image: str | None = Field(default=None, max_length=200)
     booted_from: str | None = Field(default=None, max_length=8)

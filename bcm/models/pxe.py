@@ -37,7 +37,9 @@ class BootToken(SQLModel, table=True):
     expires_at: datetime = Field(sa_column=ts_column(nullable=False))
     used_at: datetime | None = Field(default=None, sa_column=ts_column())
     client_address: str | None = Field(default=None, max_length=45)  # the first script fetch's socket address
-    token_enc: str | None = Field(default=None, sa_column=Column(Text))  # Fernet: the same token on a re-fetch
+    token_enc: str | None = Field(
+        default=None, sa_column=Column(Text)
+    )  # Fernet: the same token on a re-fetch
     overlay_at: datetime | None = Field(default=None, sa_column=ts_column())  # the overlay went out (once)
 
 
@@ -144,7 +146,9 @@ class DiscoveryAccepted(SQLModel):
     node: str
     state: str
     assigned: bool = False
-    provisioning: bool = False  # its category provisions it at once (zero-touch): it powers off, bcm powers it on
+    provisioning: bool = (
+        False  # its category provisions it at once (zero-touch): it powers off, bcm powers it on
+    )
 
 
 class HelloRequest(SQLModel):

@@ -20,7 +20,9 @@ from bcm.models.base import ts_column, utcnow
 
 NAME_MAX = 40  # Slurm account names: bcm keeps them short enough for every sacctmgr column
 # Slurm's own account at the top of every tree; the namespaces Kubernetes, Kueue and bcm keep for themselves
-RESERVED = frozenset({"root", "default", "kube-system", "kube-public", "kube-node-lease", "kueue-system", "bcm-system"})
+RESERVED = frozenset(
+    {"root", "default", "kube-system", "kube-public", "kube-node-lease", "kueue-system", "bcm-system"}
+)
 
 
 def check_account_name(value: str, field: str = "name") -> str:

@@ -59,7 +59,9 @@ def verify(session: Session, token: str | None) -> ApiToken:
     return row
 
 
-def node_tokens(session: Session, presented: Sequence[str], touch_before: datetime) -> dict[str, ApiToken | BcmError]:
+def node_tokens(
+    session: Session, presented: Sequence[str], touch_before: datetime
+) -> dict[str, ApiToken | BcmError]:
     """Many agents' bearer secrets checked at once: each live node token, or why it is refused.
 
     Tokens last used before ``touch_before`` get ``last_used_at`` set now (one statement for all).
@@ -76,13 +78,17 @@ def node_tokens(session: Session, presented: Sequence[str], touch_before: dateti
         if row is None or row.revoked_at is not None:
             found[secret] = Unauthorized("invalid or revoked token")
         elif row.role != Role.NODE.value or row.node_id is None:
-            found[secret] = Forbidden("this endpoint takes a node's agent token (issue one with `bcm node token NODE`)")
+            found[secret] = Forbidden(
+                "this endpoint takes a node's agent token (issue one with `bcm node token NODE`)"
+            )
         else:
             found[secret] = row
             if row.id is not None and (row.last_used_at is None or row.last_used_at < touch_before):
                 stale.append(row.id)
     if stale:
-        session.execute(update(ApiToken).where(col(ApiToken.id).in_(sorted(stale))).values(last_used_at=utcnow()))
+        session.execute(
+            update(ApiToken).where(col(ApiToken.id).in_(sorted(stale))).values(last_used_at=utcnow())
+        )
     return found
 
 
@@ -114,7 +120,9 @@ def revoke(session: Session, token_id: int, caller: ApiToken | None = None) -> A
     if row is None or row.node_id is not None:
         raise NotFound(f"token {token_id} not found")
     if caller is not None and row.id == caller.id:
-        raise Conflict("a token cannot revoke itself (that would lock its holder out); use another admin token")
+        raise Conflict(
+            "a token cannot revoke itself (that would lock its holder out); use another admin token"
+        )
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         session.add(row)
@@ -158,7 +166,9 @@ def delete_user(session: Session, name: str, caller: ApiToken | None = None) -> 
     """Remove a user; their tokens go with them (and stop working at once)."""
     user = get_user(session, name)
     if caller is not None and caller.user_id == user.id:
-        raise Conflict(f"user {name!r} owns the token of this request; remove them with another admin's token")
+        raise Conflict(
+            f"user {name!r} owns the token of this request; remove them with another admin's token"
+        )
     for token in session.exec(select(ApiToken).where(ApiToken.user_id == user.id)):
         session.delete(token)
     session.delete(user)

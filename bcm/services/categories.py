@@ -40,7 +40,9 @@ def update_category(session: Session, name: str, spec: CategoryUpdate, actor: st
     return cat
 
 
-def _columns(session: Session, spec: CategoryCreate | CategoryUpdate, values: dict[str, Any]) -> dict[str, Any]:
+def _columns(
+    session: Session, spec: CategoryCreate | CategoryUpdate, values: dict[str, Any]
+) -> dict[str, Any]:
     """Column values from a validated spec: the health policy stored as only the keys it sets."""
     if "image" in values:
         images.check_reference(session, values["image"])

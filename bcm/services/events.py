@@ -83,8 +83,16 @@ def record_unauthenticated(
     key = (action, source or "unknown")
     write, suppressed = _throttle.admit(key, target, actor, time.monotonic())
     if suppressed:
-        record(session, actor, action, target, f"{suppressed} more like this from {key[1]} in the last minute "
-               "(counted, not recorded one by one)", severity=severity, detail={"source": key[1], "count": suppressed})  # fmt: skip
+        record(
+            session,
+            actor,
+            action,
+            target,
+            f"{suppressed} more like this from {key[1]} in the last minute "
+            "(counted, not recorded one by one)",
+            severity=severity,
+            detail={"source": key[1], "count": suppressed},
+        )
     if not write:
         return None
     return record(session, actor, action, target, message, severity=severity, detail={"source": key[1]})
@@ -94,8 +102,15 @@ def flush_throttled(session: Session) -> int:
     """Write the summaries of windows that closed with refusals counted (a periodic loop calls this)."""
     done = _throttle.closed(time.monotonic())
     for (action, source), count, target, actor in done:
-        record(session, actor, action, target, f"{count} more like this from {source} in the last minute "
-               "(counted, not recorded one by one)", severity="warning", detail={"source": source, "count": count})  # fmt: skip
+        record(
+            session,
+            actor,
+            action,
+            target,
+            f"{count} more like this from {source} in the last minute (counted, not recorded one by one)",
+            severity="warning",
+            detail={"source": source, "count": count},
+        )
     return len(done)
 
 

@@ -105,15 +105,25 @@ def _context_query() -> Any:
     gpu_count = select(func.count(col(Gpu.id))).where(col(Gpu.node_id) == col(Node.id)).scalar_subquery()
     return (
         sa_select(
-            col(Node.id), col(Node.name), col(Node.provision_state), col(Node.inventoried_at),
-            col(Category.health_policy), gpu_count, col(NodeHealth.node_id), col(NodeHealth.verdict),
-            col(NodeHealth.consecutive_ok), col(NodeHealth.drained_by_bcm), col(NodeHealth.drain_reason),
-            col(NodeHealth.pending_action), col(NodeHealth.action_attempts), col(NodeHealth.samples_since_prune),
+            col(Node.id),
+            col(Node.name),
+            col(Node.provision_state),
+            col(Node.inventoried_at),
+            col(Category.health_policy),
+            gpu_count,
+            col(NodeHealth.node_id),
+            col(NodeHealth.verdict),
+            col(NodeHealth.consecutive_ok),
+            col(NodeHealth.drained_by_bcm),
+            col(NodeHealth.drain_reason),
+            col(NodeHealth.pending_action),
+            col(NodeHealth.action_attempts),
+            col(NodeHealth.samples_since_prune),
         )
         .outerjoin(Category, col(Category.id) == col(Node.category_id))
         .outerjoin(NodeHealth, col(NodeHealth.node_id) == col(Node.id))
         .where(col(Node.id).in_(bindparam("ids", expanding=True)))
-    )  # fmt: skip
+    )
 
 
 # Built once: statement construction is a real share of the per-report cost at 1,000 reports/s.
@@ -121,19 +131,29 @@ _CONTEXT = _context_query()
 # A GPU's stored reasons are read only to be carried on while its FAIL holds: only a failed GPU's are
 # fetched (decoding every GPU's JSON was a tenth of a writer's time per report).
 _PREVIOUS = sa_select(
-    col(GpuHealth.node_id), col(GpuHealth.index), col(GpuHealth.uuid), col(GpuHealth.verdict),
-    case((col(GpuHealth.verdict) == Verdict.FAIL.value, col(GpuHealth.reasons))), col(GpuHealth.xid_count),
-).where(col(GpuHealth.node_id).in_(bindparam("ids", expanding=True)))  # fmt: skip
+    col(GpuHealth.node_id),
+    col(GpuHealth.index),
+    col(GpuHealth.uuid),
+    col(GpuHealth.verdict),
+    case((col(GpuHealth.verdict) == Verdict.FAIL.value, col(GpuHealth.reasons))),
+    col(GpuHealth.xid_count),
+).where(col(GpuHealth.node_id).in_(bindparam("ids", expanding=True)))
 
 
 def _contexts(conn: Any, ids: list[int]) -> dict[int, Context]:
     """What bcm knows of each node in ``ids`` (two queries for all of them)."""
     contexts: dict[int, Context] = {}
-    for node_id, name, state, inventoried_at, policy, gpus, stored, *rest in conn.execute(_CONTEXT, {"ids": ids}):
+    for node_id, name, state, inventoried_at, policy, gpus, stored, *rest in conn.execute(
+        _CONTEXT, {"ids": ids}
+    ):
         contexts[node_id] = Context(
-            node_id, name, state, thresholds_for(policy), int(gpus) if inventoried_at is not None else None,
+            node_id,
+            name,
+            state,
+            thresholds_for(policy),
+            int(gpus) if inventoried_at is not None else None,
             None if stored is None else NodeState(node_id, *rest),
-        )  # fmt: skip
+        )
     for node_id, index, uuid, verdict, reasons, xid_count in conn.execute(_PREVIOUS, {"ids": ids}):
         if node_id in contexts:
             contexts[node_id].previous[int(index)] = PrevGpu(uuid, verdict, reasons, xid_count)
@@ -182,7 +202,11 @@ def ingest_many(
             results.append(exc)
             continue
         out = judge(
-            ctx, report, resume_after=settings.resume_after_ok_intervals, prune_every=prune_every(settings), now=now
+            ctx,
+            report,
+            resume_after=settings.resume_after_ok_intervals,
+            prune_every=prune_every(settings),
+            now=now,
         )
         contexts[node_id] = out.advance(ctx)
         outcomes.append(out)
@@ -283,13 +307,19 @@ def claim_pending(
     The workload-manager half is the caller's; it reports back with :func:`finish_pending`.
     """
     stmt = (
-        sa_select(col(NodeHealth.node_id), col(Node.name), col(Node.provision_state), col(NodeHealth.pending_action),
-               col(NodeHealth.drain_reason), col(NodeHealth.action_attempts))
+        sa_select(
+            col(NodeHealth.node_id),
+            col(Node.name),
+            col(Node.provision_state),
+            col(NodeHealth.pending_action),
+            col(NodeHealth.drain_reason),
+            col(NodeHealth.action_attempts),
+        )
         .join(Node, col(Node.id) == col(NodeHealth.node_id))
         .where(col(NodeHealth.pending_action).is_not(None))
         .order_by(col(NodeHealth.node_id))
         .limit(limit)
-    )  # fmt: skip
+    )
     if node_ids is not None:
         stmt = stmt.where(col(NodeHealth.node_id).in_(node_ids))
     claimed: list[PendingAction] = []
@@ -352,7 +382,10 @@ def finish_pending(
     message = f"{item.action} of {item.node} failed (attempt {attempts}): {error}" + (
         "" if retry else "; giving up"
     )
-    session.execute(insert(HealthEvent), [event_row(item.node_id, now, f"{item.action}.failed", Verdict.WARN, message, item.action)])  # fmt: skip
+    session.execute(
+        insert(HealthEvent),
+        [event_row(item.node_id, now, f"{item.action}.failed", Verdict.WARN, message, item.action)],
+    )
 
 
 # --- staleness ----------------------------------------------------------------------------------------
@@ -391,7 +424,7 @@ def sweep_stale(
         events.append(finding_event(node_id, now, f))
     session.execute(insert(HealthEvent), events)
     session.flush()
-    return [r[1] for r in rows]  # fmt: skip
+    return [r[1] for r in rows]
 
 
 def stale_cutoff(settings: HealthSettings, now: datetime) -> datetime:

@@ -211,7 +211,7 @@ def _gpu_public(node: str, g: GpuHealth) -> GpuHealthPublic:
                 "xid_count",
                 "sampled_at",
             }
-        ),  # fmt: skip
+        ),
         reasons=g.reasons or [],
     )
 
@@ -221,9 +221,11 @@ def gpu_history(
 ) -> GpuHistory:
     """A GPU's samples, newest first, from the one node that reports it (``node`` names it when
     several nodes have reported the same UUID: each node's history is its own)."""
-    reporters = sa_select(GpuHealth.node_id, GpuHealth.index, Node.name).join(  # type: ignore[call-overload]
-        Node, col(Node.id) == col(GpuHealth.node_id)
-    ).where(col(GpuHealth.uuid) == uuid)
+    reporters = (
+        sa_select(GpuHealth.node_id, GpuHealth.index, Node.name)  # type: ignore[call-overload]
+        .join(Node, col(Node.id) == col(GpuHealth.node_id))
+        .where(col(GpuHealth.uuid) == uuid)
+    )
     if node:
         reporters = reporters.where(col(GpuHealth.node_id) == node_id_of(session, node))
     found = session.execute(reporters.limit(11)).all()

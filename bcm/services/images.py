@@ -57,7 +57,9 @@ def next_version(session: Session, name: str) -> str:
 def begin_build(session: Session, name: str, version: str | None, actor: str) -> Image:
     """The row of a build about to start (``building``); a version already built is a 409."""
     if version is not None and not VERSION_RE.fullmatch(version):
-        raise InvalidInput(f"version: {version[:64]!r} is not a version (letters, digits, . _ + -)", field="version")
+        raise InvalidInput(
+            f"version: {version[:64]!r} is not a version (letters, digits, . _ + -)", field="version"
+        )
     version = version or next_version(session, name)
     if session.exec(select(Image).where(Image.name == name, Image.version == version)).first():
         raise Conflict(f"image {name} version {version} exists already; give another --version")
@@ -91,7 +93,9 @@ def get(session: Session, name: str, version: str | None = None) -> Image:
         for row in rows:
             if row.version == version:
                 return row
-        raise NotFound(f"image {name} has no version {version!r} (versions: {', '.join(r.version for r in rows)})")
+        raise NotFound(
+            f"image {name} has no version {version!r} (versions: {', '.join(r.version for r in rows)})"
+        )
     current = [r for r in rows if r.is_current]
     return current[0] if current else rows[-1]
 
@@ -117,7 +121,9 @@ def publish(
     os.rename(staging, final)
     assert image.id is not None
     for a in found:
-        session.add(ImageArtifact(image_id=image.id, kind=a.kind, filename=a.filename, size=a.size, sha256=a.sha256))
+        session.add(
+            ImageArtifact(image_id=image.id, kind=a.kind, filename=a.filename, size=a.size, sha256=a.sha256)
+        )
     image.state = ImageState.READY
     image.published_at = utcnow()
     image.manifest = manifest
@@ -127,7 +133,9 @@ def publish(
     keys = manifest.get("layer_keys") or []
     image.layer_key = keys[-1][:64] if keys else None
     _make_current(session, image)
-    events.record(session, "bcm:images", "image.publish", f"{image.name}:{image.version}", "published, current")
+    events.record(
+        session, "bcm:images", "image.publish", f"{image.name}:{image.version}", "published, current"
+    )
     session.flush()
     prune(session, image.name, images_dir, keep)
     return final
@@ -165,7 +173,9 @@ def rollback(session: Session, name: str, actor: str) -> Image:
         raise NotFound(f"image {name!r} has no ready version")
     idx = next((i for i, r in enumerate(rows) if r.is_current), len(rows))
     if idx == 0:
-        raise Conflict(f"image {name} version {rows[0].version} is the oldest ready version; nothing to roll back to")
+        raise Conflict(
+            f"image {name} version {rows[0].version} is the oldest ready version; nothing to roll back to"
+        )
     target = rows[idx - 1]
     _make_current(session, target)
     events.record(session, actor, "image.rollback", f"{name}:{target.version}", "current version moved back")
@@ -192,10 +202,14 @@ def remove(session: Session, name: str, version: str | None, images_dir: Path, a
     if version is None or len(_versions(session, name)) == 1:
         nodes, cats = users(session, name)
         if nodes or cats:
-            raise Conflict(f"image {name} is used by {nodes} node(s) and {cats} categorie(s); assign another first")
+            raise Conflict(
+                f"image {name} is used by {nodes} node(s) and {cats} categorie(s); assign another first"
+            )
     for row in rows:
         if row.state == ImageState.BUILDING:
-            raise Conflict(f"image {name} version {row.version} is still building (operation {row.operation_id})")
+            raise Conflict(
+                f"image {name} version {row.version} is still building (operation {row.operation_id})"
+            )
     removed = []
     for row in rows:
         for a in artifacts(session, row):
@@ -260,7 +274,9 @@ def to_detail(session: Session, image: Image) -> ImageDetail:
     return ImageDetail(
         **to_public(image).model_dump(),
         artifacts=[
-            ArtifactPublic(kind=a.kind, filename=a.filename, size=a.size, sha256=a.sha256, url=artifact_url(image, a))
+            ArtifactPublic(
+                kind=a.kind, filename=a.filename, size=a.size, sha256=a.sha256, url=artifact_url(image, a)
+            )
             for a in artifacts(session, image)
         ],
         packages=len(manifest.get("packages") or {}),

@@ -44,7 +44,9 @@ def category_of(session: Session, node: Node) -> Category | None:
 
 def inherited_mode(node: Node, cat: Category | None) -> str:
     """The node's own mode, else its category's, else stateless (one boot's ``next_install_mode`` aside)."""
-    values = effective_settings({"install_mode": node.install_mode}, {"install_mode": cat.install_mode} if cat else None)
+    values = effective_settings(
+        {"install_mode": node.install_mode}, {"install_mode": cat.install_mode} if cat else None
+    )
     return str(values.values["install_mode"] or "stateless")
 
 
@@ -66,8 +68,11 @@ def check_fits(node: Node, layout: dl.DiskLayout | None, mode: str) -> list[dl.C
     if mode == "stateless":
         return []
     if layout is None:
-        raise InvalidInput(f"disk_layout: node {node.name} installs to disk ({mode}) but its category has no "
-                           "disk layout (bcm category install CATEGORY --layout FILE)", field="disk_layout")  # fmt: skip
+        raise InvalidInput(
+            f"disk_layout: node {node.name} installs to disk ({mode}) but its category has no "
+            "disk layout (bcm category install CATEGORY --layout FILE)",
+            field="disk_layout",
+        )
     try:
         return dl.choose_disks(layout, _disks(node))
     except InvalidInput as exc:
@@ -79,27 +84,43 @@ def _wipes(node: Node, mode: str, layout: dl.DiskLayout | None) -> bool:
     if mode == "full":
         return True
     if mode == "auto":
-        return not (node.install_state == "installed" and layout is not None
-                    and node.installed_layout == dl.layout_hash(layout))  # fmt: skip
+        return not (
+            node.install_state == "installed"
+            and layout is not None
+            and node.installed_layout == dl.layout_hash(layout)
+        )
     if mode == "nosync":
         return node.install_state != "installed"
     return False
 
 
-def _confirm(session: Session, nodes: list[Node], confirm: bool, is_admin: bool, actor: str, field: str) -> None:
+def _confirm(
+    session: Session, nodes: list[Node], confirm: bool, is_admin: bool, actor: str, field: str
+) -> None:
     if not nodes:
         return
     names = ", ".join(n.name for n in nodes[:10]) + (" …" if len(nodes) > 10 else "")
     if not confirm:
-        raise Conflict(f"{field}: {names} {'is a data node' if len(nodes) == 1 else 'are data nodes'}: a full install "
-                       "wipes its disks; an admin confirms the wipe (--confirm-wipe)", field=field)  # fmt: skip
+        raise Conflict(
+            f"{field}: {names} {'is a data node' if len(nodes) == 1 else 'are data nodes'}: a full install "
+            "wipes its disks; an admin confirms the wipe (--confirm-wipe)",
+            field=field,
+        )
     if not is_admin:
-        raise Forbidden("confirm_wipe: only an admin may confirm wiping a data node's disks", field="confirm_wipe")
+        raise Forbidden(
+            "confirm_wipe: only an admin may confirm wiping a data node's disks", field="confirm_wipe"
+        )
     for n in nodes:
         n.wipe_confirmed = True
         session.add(n)
-        events.record(session, actor, "node.install", n.name, "data node: an admin confirmed wiping its disks (once)",
-                      severity="warning")  # fmt: skip
+        events.record(
+            session,
+            actor,
+            "node.install",
+            n.name,
+            "data node: an admin confirmed wiping its disks (once)",
+            severity="warning",
+        )
 
 
 def set_node(session: Session, name: str, body: NodeInstallUpdate, actor: str, is_admin: bool) -> Node:
@@ -107,7 +128,9 @@ def set_node(session: Session, name: str, body: NodeInstallUpdate, actor: str, i
 
     node = node_svc.get(session, name)
     if body.confirm_wipe and not is_admin:
-        raise Forbidden("confirm_wipe: only an admin may confirm wiping a data node's disks", field="confirm_wipe")
+        raise Forbidden(
+            "confirm_wipe: only an admin may confirm wiping a data node's disks", field="confirm_wipe"
+        )
     changes = body.model_dump(exclude_unset=True, exclude={"confirm_wipe"})
     if "data_node" in changes and changes["data_node"] is None:
         raise InvalidInput("data_node: true or false", field="data_node")
@@ -131,15 +154,21 @@ def set_node(session: Session, name: str, body: NodeInstallUpdate, actor: str, i
 
 
 def members(session: Session, cat: Category) -> list[Node]:
-    return list(session.exec(select(Node).where(Node.category_id == cat.id).order_by(col(Node.name)).limit(100000)))
+    return list(
+        session.exec(select(Node).where(Node.category_id == cat.id).order_by(col(Node.name)).limit(100000))
+    )
 
 
-def set_category(session: Session, name: str, body: CategoryInstallUpdate, actor: str, is_admin: bool) -> Category:
+def set_category(
+    session: Session, name: str, body: CategoryInstallUpdate, actor: str, is_admin: bool
+) -> Category:
     from bcm.services import categories as cat_svc
 
     cat = cat_svc.get(session, name)
     if body.confirm_wipe and not is_admin:
-        raise Forbidden("confirm_wipe: only an admin may confirm wiping a data node's disks", field="confirm_wipe")
+        raise Forbidden(
+            "confirm_wipe: only an admin may confirm wiping a data node's disks", field="confirm_wipe"
+        )
     changes = body.model_dump(exclude_unset=True, exclude={"confirm_wipe"})
     layout = None
     if "disk_layout" in changes and changes["disk_layout"] is not None:
@@ -157,7 +186,10 @@ def set_category(session: Session, name: str, body: CategoryInstallUpdate, actor
                 wiped.append(node)
     _confirm(session, wiped, body.confirm_wipe, is_admin, actor, "install_mode")
     session.add(cat)
-    what = ", ".join(f"{k}={'(layout)' if k == 'disk_layout' and v else v}" for k, v in changes.items()) or "unchanged"
+    what = (
+        ", ".join(f"{k}={'(layout)' if k == 'disk_layout' and v else v}" for k, v in changes.items())
+        or "unchanged"
+    )
     events.record(session, actor, "category.install", cat.name, f"install settings: {what}")
     session.flush()
     return cat
@@ -191,8 +223,12 @@ def boot_plan(session: Session, node: Node) -> BootPlan:
         return BootPlan("local", mode)
     plan_mode = "auto" if mode == "auto" and not _wipes(node, mode, layout) else "full"
     if node.data_node and plan_mode == "full" and not node.wipe_confirmed:
-        return BootPlan("refused", mode, f"install ({mode}): {node.name} is a data node and a full install would wipe "
-                        "its disks; an admin confirms it (bcm node install NODE --mode full --confirm-wipe)")  # fmt: skip
+        return BootPlan(
+            "refused",
+            mode,
+            f"install ({mode}): {node.name} is a data node and a full install would wipe "
+            "its disks; an admin confirms it (bcm node install NODE --mode full --confirm-wipe)",
+        )
     return BootPlan("install", plan_mode)
 
 
@@ -202,7 +238,9 @@ def plan_script(session: Session, settings: Any, node: Node, mac: str) -> str:
 
     plan = boot_plan(session, node)
     if plan.what != "install":
-        raise Conflict(f"node {node.name} has no install due ({plan.what}{': ' + plan.why if plan.why else ''})")
+        raise Conflict(
+            f"node {node.name} has no install due ({plan.what}{': ' + plan.why if plan.why else ''})"
+        )
     cat = category_of(session, node)
     layout = layout_of(cat)
     assert layout is not None
@@ -214,13 +252,26 @@ def plan_script(session: Session, settings: Any, node: Node, mac: str) -> str:
     node.install_state = "installing"
     node.updated_at = utcnow()
     session.add(node)
-    events.record(session, ACTOR, "node.install", node.name,
-                  f"{plan.mode} install of {version.name}:{version.version} started: the disk is installing")  # fmt: skip
-    return dl.render_plan(layout, chosen, mode=plan.mode, image=f"{version.name}:{version.version}",
-                          server_url=pxe.server_url(settings), mac=mac)  # fmt: skip
+    events.record(
+        session,
+        ACTOR,
+        "node.install",
+        node.name,
+        f"{plan.mode} install of {version.name}:{version.version} started: the disk is installing",
+    )
+    return dl.render_plan(
+        layout,
+        chosen,
+        mode=plan.mode,
+        image=f"{version.name}:{version.version}",
+        server_url=pxe.server_url(settings),
+        mac=mac,
+    )
 
 
-def installed(session: Session, node: Node, image: str, layout: str, mode: str, bytes_written: int | None) -> None:
+def installed(
+    session: Session, node: Node, image: str, layout: str, mode: str, bytes_written: int | None
+) -> None:
     """The init synced everything: the disk holds ``image`` in ``layout``."""
     node.install_state = "installed"
     node.installed_image = image[:200]
@@ -231,8 +282,13 @@ def installed(session: Session, node: Node, image: str, layout: str, mode: str, 
         node.wipe_confirmed = False  # used up
     node.updated_at = utcnow()
     session.add(node)
-    events.record(session, ACTOR, "node.install", node.name,
-                  f"{mode} install of {image} done ({bytes_written if bytes_written is not None else '?'} bytes written)")  # fmt: skip
+    events.record(
+        session,
+        ACTOR,
+        "node.install",
+        node.name,
+        f"{mode} install of {image} done ({bytes_written if bytes_written is not None else '?'} bytes written)",
+    )
 
 
 def booted(session: Session, node: Node, image: str | None) -> None:
@@ -255,7 +311,9 @@ def disk_hello(session: Session, node_id: int, mac: str, peer: str | None) -> No
     if iface is None:
         raise Forbidden(f"mac: {mac} is not a MAC of node {node.name}", field="mac")
     if node.install_state != "installed":
-        raise Conflict(f"node {node.name}: bcm records no complete install on its disk ({node.install_state})")
+        raise Conflict(
+            f"node {node.name}: bcm records no complete install on its disk ({node.install_state})"
+        )
     if node.provision_state == State.PROVISIONING.value:
         node.provision_state = next_state(node.name, node.provision_state, Verb.BOOT_DONE).value
         node.target_state = None
@@ -264,7 +322,12 @@ def disk_hello(session: Session, node_id: int, mac: str, peer: str | None) -> No
     node.booted_from, node.booted_image, node.next_install_mode = "disk", node.installed_image, None
     node.updated_at = utcnow()
     session.add(node)
-    events.record(session, ACTOR, "node.booted", node.name,
-                  f"booted {node.installed_image} from its disk; called back from {peer or 'unknown'} ({mac})")  # fmt: skip
+    events.record(
+        session,
+        ACTOR,
+        "node.booted",
+        node.name,
+        f"booted {node.installed_image} from its disk; called back from {peer or 'unknown'} ({mac})",
+    )
     session.flush()
     return node

@@ -64,8 +64,15 @@ def store_result(session: Session, result: ssh.HostResult, actor: str) -> dict[s
         entry["attempts"] = result.attempts
     if result.status == "host_key_changed":
         node.last_error = f"SSH host key changed; refused: {result.error}"
-        events.record(session, actor, "node.host_key_changed", node.name, node.last_error, severity="error",
-                      detail={"seen": result.host_key})
+        events.record(
+            session,
+            actor,
+            "node.host_key_changed",
+            node.name,
+            node.last_error,
+            severity="error",
+            detail={"seen": result.host_key},
+        )
     elif result.status in ("unreachable", "timed_out"):
         node.last_error = f"inventory: {result.status}: {result.error}"
         node.provision_state = next_state(node.name, node.provision_state, Verb.LOST).value
@@ -104,18 +111,24 @@ def store_agent_facts(session: Session, node_id: int, output: str) -> dict[str, 
     if node is None:
         raise NotFound("the token's node is gone")
     if not output.startswith(SECTION_PREFIX + "bcm-facts "):
-        raise InvalidInput("output: not the fact script's output (it starts with '@@@ bcm-facts N')", field="output")
+        raise InvalidInput(
+            "output: not the fact script's output (it starts with '@@@ bcm-facts N')", field="output"
+        )
     try:
         facts = parse_fact_output(output)
     except Exception as exc:  # a parser bug or a made-up body: a 422, nothing stored
-        raise InvalidInput(f"output: not the fact script's output ({type(exc).__name__})", field="output") from None
+        raise InvalidInput(
+            f"output: not the fact script's output ({type(exc).__name__})", field="output"
+        ) from None
     try:
         next_state(node.name, node.provision_state, Verb.INVENTORY_DONE)
     except IllegalTransition as exc:
         raise Conflict(f"node {node.name} is {node.provision_state}: its facts are not taken now") from exc
     _apply_facts(session, node, facts)
     session.add(node)
-    events.record(session, f"node:{node.name}", "node.inventory", node.name, f"facts from its agent: {_summary(facts)}")
+    events.record(
+        session, f"node:{node.name}", "node.inventory", node.name, f"facts from its agent: {_summary(facts)}"
+    )
     session.flush()
     return {"node": node.name, "state": node.provision_state, "gpus": len(facts.gpus)}
 

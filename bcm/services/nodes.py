@@ -38,9 +38,28 @@ from bcm.services import events, images, wlm_usage
 from bcm.services import secrets as secret_svc
 
 CHUNK = 500  # keeps IN (...) lists under every backend's bound-parameter limit
-INSTALL_FIELDS = ("install_mode", "next_install_mode", "data_node", "wipe_confirmed", "install_state",
-                  "installed_image", "installed_at", "install_bytes", "booted_image", "booted_from")  # fmt: skip
-SETTING_FIELDS = ("image", "kernel_args", "wlm_role", "boot_mode", "comment", "bmc_address", "bmc_protocol", "bmc_user")
+INSTALL_FIELDS = (
+    "install_mode",
+    "next_install_mode",
+    "data_node",
+    "wipe_confirmed",
+    "install_state",
+    "installed_image",
+    "installed_at",
+    "install_bytes",
+    "booted_image",
+    "booted_from",
+)
+SETTING_FIELDS = (
+    "image",
+    "kernel_args",
+    "wlm_role",
+    "boot_mode",
+    "comment",
+    "bmc_address",
+    "bmc_protocol",
+    "bmc_user",
+)
 
 
 def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
@@ -276,10 +295,13 @@ def update_node(session: Session, name: str, spec: NodeUpdate, actor: str) -> No
         if node.ssh_host_key and before != after:
             # the pin stays with the node: whatever answers at the new address must present the same key
             events.record(
-                session, actor, "node.address", node.name,
+                session,
+                actor,
+                "node.address",
+                node.name,
                 f"{', '.join(filter(None, before)) or '-'} -> {', '.join(filter(None, after)) or '-'}; "
                 f"pinned host key {fingerprint(node.ssh_host_key)} kept",
-            )  # fmt: skip
+            )
         for i in old:
             session.delete(i)
         session.flush()
@@ -354,8 +376,11 @@ def delete(session: Session, names: list[str], actor: str) -> list[str]:
     from bcm.models.wlm import WlmCluster  # a cluster's controller cannot go without the cluster
 
     ids = [n.id for n in nodes]
-    held = [c for i in range(0, len(ids), 500)
-            for c in session.exec(select(WlmCluster).where(col(WlmCluster.controller_id).in_(ids[i:i + 500])))]  # fmt: skip
+    held = [
+        c
+        for i in range(0, len(ids), 500)
+        for c in session.exec(select(WlmCluster).where(col(WlmCluster.controller_id).in_(ids[i : i + 500])))
+    ]
     if held:
         by_id = {n.id: n.name for n in nodes}
         which = ", ".join(f"{by_id[c.controller_id]} (cluster {c.name})" for c in held)

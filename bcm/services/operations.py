@@ -28,6 +28,7 @@ MAX_LOG_CHARS = 1_000_000
 _log = logging.getLogger("bcm.operations")  # one INFO line per start, end and failed node
 _OPEN = (OpState.PENDING.value, OpState.RUNNING.value)
 
+
 @dataclass(frozen=True)
 class Holder:
     """A job's claim on its operation: the server and which take (``claims``) it runs under."""
@@ -171,7 +172,9 @@ def take(session: Session, op: Operation, owner: str, until: datetime, now: date
     assert op.id is not None
     session.flush()
     free = or_(
-        col(Operation.owner).is_(None), col(Operation.lease_expires).is_(None), col(Operation.lease_expires) < now
+        col(Operation.owner).is_(None),
+        col(Operation.lease_expires).is_(None),
+        col(Operation.lease_expires) < now,
     )
     stmt = (
         update(Operation)
@@ -269,7 +272,9 @@ def relock(session: Session, op: Operation, names: list[str], until: datetime, n
         .values(lock_owner=owner, lock_expires=until)
         .execution_options(synchronize_session=False)
     )
-    held = set(session.exec(select(Node.name).where(col(Node.name).in_(names), col(Node.lock_owner) == owner)))
+    held = set(
+        session.exec(select(Node.name).where(col(Node.name).in_(names), col(Node.lock_owner) == owner))
+    )
     return [n for n in names if n in held]
 
 

@@ -62,7 +62,13 @@ def set_node_password(session: Session, state_dir: Path, names: list[str], passw
 
 
 def set_category_password(
-    session: Session, state_dir: Path, name: str, password: str, actor: str, *, discover_range: str | None = None
+    session: Session,
+    state_dir: Path,
+    name: str,
+    password: str,
+    actor: str,
+    *,
+    discover_range: str | None = None,
 ) -> None:
     """Store the category's BMC password, bound to the BMCs its member nodes have now.
 
@@ -84,9 +90,12 @@ def set_category_password(
     session.add(cat)
     also = f", and BMCs discovered in {discover_range}" if discover_range else ""
     events.record(
-        session, actor, "category.bmc_password", name,
+        session,
+        actor,
+        "category.bmc_password",
+        name,
         f"BMC password set for {len(cat.bmc_password_targets)} node(s){also}",
-    )  # fmt: skip
+    )
     session.flush()
 
 
@@ -96,7 +105,11 @@ def set_category_http(session: Session, name: str, allow: bool, actor: str) -> N
     cat.bmc_allow_http = allow
     session.add(cat)
     events.record(
-        session, actor, "category.bmc_allow_http", name, "plain-http BMCs " + ("allowed" if allow else "forbidden")
+        session,
+        actor,
+        "category.bmc_allow_http",
+        name,
+        "plain-http BMCs " + ("allowed" if allow else "forbidden"),
     )
     session.flush()
 
@@ -140,7 +153,14 @@ class Targets:
     missing: dict[str, str]  # node -> why it has no usable BMC settings; nothing was contacted
 
 
-_CATEGORY_FIELDS = ("name", "bmc_protocol", "bmc_user", "bmc_password_enc", "bmc_password_targets", "bmc_allow_http")
+_CATEGORY_FIELDS = (
+    "name",
+    "bmc_protocol",
+    "bmc_user",
+    "bmc_password_enc",
+    "bmc_password_targets",
+    "bmc_allow_http",
+)
 
 
 def load_targets(session: Session, state_dir: Path, names: list[str]) -> Targets:
@@ -208,7 +228,9 @@ def record_results(
             if pin and result["status"] == "ok" and node.bmc_tls_pin is None:
                 node.bmc_tls_pin = pin  # first contact that worked: this certificate is the BMC's from now on
             if result["status"] == "tls_changed":
-                events.record(session, actor, "node.bmc_tls_changed", node.name, result["message"], severity="warning")
+                events.record(
+                    session, actor, "node.bmc_tls_changed", node.name, result["message"], severity="warning"
+                )
             state = result.get("power")
             if state is not None:
                 if action is PowerAction.STATUS:
@@ -239,9 +261,13 @@ def note_power_state(session: Session, node: Node, state: PowerState, actor: str
     if state is PowerState.OFF and _boot_died(node):
         from bcm.services import pxe
 
-        pxe.fail(session, node, f"provisioning: the machine powered off before it called back (its BMC said off "
-                 f"at {utcnow():%H:%M:%S} UTC, {BOOT_GRACE_S:.0f}+ s after bcm powered it on): its boot failed; "
-                 "check its console")  # fmt: skip
+        pxe.fail(
+            session,
+            node,
+            f"provisioning: the machine powered off before it called back (its BMC said off "
+            f"at {utcnow():%H:%M:%S} UTC, {BOOT_GRACE_S:.0f}+ s after bcm powered it on): its boot failed; "
+            "check its console",
+        )
         return
     if state is PowerState.OFF and was != PowerState.OFF.value and node.provision_state in SHOULD_BE_ON:
         events.record(

@@ -137,7 +137,9 @@ def update_config(session: Session, settings: Settings, body: PxeConfigUpdate, a
     row.enabled, row.updated_by, row.updated_at = candidate.enabled, actor[:64], utcnow()
     session.add(row)
     what = f"{candidate.mode} on {candidate.interface} ({candidate.address})" if candidate.enabled else "off"
-    events.record(session, actor, "pxe.config", "pxe", f"PXE {'enabled' if candidate.enabled else 'disabled'}: {what}")
+    events.record(
+        session, actor, "pxe.config", "pxe", f"PXE {'enabled' if candidate.enabled else 'disabled'}: {what}"
+    )
     session.flush()
     return candidate
 
@@ -165,7 +167,9 @@ def discovery_image(session: Session, settings: Settings) -> Image | None:
     if settings.pxe.discovery_image:
         return _ready_version(session, settings.pxe.discovery_image)
     return session.exec(
-        select(Image).where(Image.state == "ready", col(Image.is_current)).order_by(col(Image.published_at).desc())
+        select(Image)
+        .where(Image.state == "ready", col(Image.is_current))
+        .order_by(col(Image.published_at).desc())
     ).first()
 
 
@@ -180,7 +184,9 @@ def _artifact_urls(session: Session, settings: Settings, image: Image) -> dict[s
         if problem == "missing":
             raise NotFound(f"image {image.name}:{image.version}: {a.filename} is missing on the server")
         if problem == "size":
-            raise NotFound(f"image {image.name}:{image.version}: {a.filename} is not the size recorded at publish")
+            raise NotFound(
+                f"image {image.name}:{image.version}: {a.filename} is not the size recorded at publish"
+            )
     return found
 
 
@@ -189,7 +195,12 @@ def _url(settings: Settings, image: Image, a: ImageArtifact) -> str:
 
 
 def boot_script(
-    session: Session, settings: Settings, mac: str, *, peer: str | None = None, leased: str | None = None,
+    session: Session,
+    settings: Settings,
+    mac: str,
+    *,
+    peer: str | None = None,
+    leased: str | None = None,
     check_lease: bool = False,
 ) -> BootScript:
     """The iPXE script for the machine that booted from ``mac`` (the caller commits: tokens, events).
@@ -209,7 +220,9 @@ def boot_script(
     if plan.what == "refused":
         return _no_image(session, node, plan.why)
     if plan.what == "local":  # an installed node whose install is not due: its disk calls back (agent token)
-        events.record(session, ACTOR, "boot.script", node.name, f"boots {node.installed_image} from its disk ({mac})")
+        events.record(
+            session, ACTOR, "boot.script", node.name, f"boots {node.installed_image} from its disk ({mac})"
+        )
         return _local(node)
     try:  # checked when set; checked again here for values stored before the check existed
         kernel_args = check_kernel_args(kernel_args)
@@ -224,16 +237,29 @@ def boot_script(
     except NotFound as exc:
         return _no_image(session, node, exc.message)
     if check_lease and (leased is None or peer != leased):
-        return _refused(session, node, mac, peer, f"{mac} has {'no lease' if leased is None else 'the lease ' + leased}",
-                        f"this address is not the one leased to {mac}")  # fmt: skip
+        return _refused(
+            session,
+            node,
+            mac,
+            peer,
+            f"{mac} has {'no lease' if leased is None else 'the lease ' + leased}",
+            f"this address is not the one leased to {mac}",
+        )
     token, bound = boot_token_for(session, settings, node, mac, peer)
     if token is None:
-        return _refused(session, node, mac, peer, f"this boot is bound to {bound}",
-                        f"{peer or 'this client'} is not the address this boot is bound to")  # fmt: skip
+        return _refused(
+            session,
+            node,
+            mac,
+            peer,
+            f"this boot is bound to {bound}",
+            f"{peer or 'this client'} is not the address this boot is bound to",
+        )
     kernel, initrd, rootfs = found["kernel"], found["initramfs"], found["rootfs"]
     # the operator's parameters first, bcm's own last: the image's init keeps the last value of each
     cmdline = " ".join(
-        a for a in [
+        a
+        for a in [
             settings.pxe.kernel_args,
             kernel_args,
             f"bcm.root={_url(settings, image, rootfs)}",
@@ -243,10 +269,17 @@ def boot_script(
             f"bcm.node={node.name}",
             f"bcm.mac={mac}",
             f"bcm.token={token}",
-            *([f"bcm.install={server_url(settings)}/boot/v1/install/{mac}",
-               f"bcm.initrd={_url(settings, image, initrd)}"] if plan.what == "install" else []),
-        ] if a
-    )  # fmt: skip
+            *(
+                [
+                    f"bcm.install={server_url(settings)}/boot/v1/install/{mac}",
+                    f"bcm.initrd={_url(settings, image, initrd)}",
+                ]
+                if plan.what == "install"
+                else []
+            ),
+        ]
+        if a
+    )
     how = f"{plan.mode} install of" if plan.what == "install" else "image"
     events.record(session, ACTOR, "boot.script", node.name, f"{how} {image.name}:{image.version} for {mac}")
     text = render(
@@ -277,7 +310,9 @@ def _discovery(session: Session, settings: Settings, mac: str, node: Node | None
         except NotFound:
             found = None
     if image is None or found is None:
-        events.record(session, ACTOR, "boot.discovery", mac, "no ready discovery image to boot", severity="warning")
+        events.record(
+            session, ACTOR, "boot.discovery", mac, "no ready discovery image to boot", severity="warning"
+        )
         message = "no discovery image is ready (build one: bcm image build base)"
         return BootScript("noimage", render("ipxe/noimage.ipxe.j2", node=mac, message=message))
     cmdline = f"{settings.pxe.kernel_args} bcm.discover={server_url(settings)}/boot/v1/discover bcm.mac={mac}"
@@ -294,8 +329,9 @@ def _discovery(session: Session, settings: Settings, mac: str, node: Node | None
 
 def _refused(session: Session, node: Node, mac: str, peer: str | None, why: str, message: str) -> BootScript:
     """No token for this client: the node's own boot (and token) is left as it was; one event a minute."""
-    events.record_unauthenticated(session, ACTOR, "boot.script", node.name, f"refused to {peer or 'unknown'}: {why}",
-                                  source=peer)  # fmt: skip
+    events.record_unauthenticated(
+        session, ACTOR, "boot.script", node.name, f"refused to {peer or 'unknown'}: {why}", source=peer
+    )
     return BootScript("refused", render("ipxe/refused.ipxe.j2", node=node.name, message=message), node.name)
 
 
@@ -311,9 +347,10 @@ def _no_image(session: Session, node: Node, why: str) -> BootScript:
 def current_boot_token(session: Session, node: Node) -> BootToken | None:
     """The token of the node's current provisioning attempt, if its script was fetched."""
     return session.exec(
-        select(BootToken).where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))
+        select(BootToken)
+        .where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))
         .order_by(col(BootToken.id).desc())
-    ).first()  # fmt: skip
+    ).first()
 
 
 def boot_token_for(
@@ -329,12 +366,22 @@ def boot_token_for(
         return secret_svc.decrypt(settings.state_dir, row.token_enc), row.client_address
     if not peer:
         return None, "a known client address"
-    for old in session.exec(select(BootToken).where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))):
+    for old in session.exec(
+        select(BootToken).where(BootToken.node_id == node.id, col(BootToken.used_at).is_(None))
+    ):
         session.delete(old)  # expired, or minted before tokens were bound
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     expires = node.provision_deadline or utcnow() + timedelta(seconds=settings.pxe.provision_timeout_s)
-    session.add(BootToken(node_id=node.id, mac=mac, token_hash=hash_token(token), expires_at=expires,
-                          client_address=peer, token_enc=secret_svc.encrypt(settings.state_dir, token)))  # fmt: skip
+    session.add(
+        BootToken(
+            node_id=node.id,
+            mac=mac,
+            token_hash=hash_token(token),
+            expires_at=expires,
+            client_address=peer,
+            token_enc=secret_svc.encrypt(settings.state_dir, token),
+        )
+    )
     return token, peer
 
 
@@ -343,22 +390,34 @@ def end_attempts(session: Session, nodes: list[Node]) -> None:
     ids = [n.id for n in nodes]
     for i in range(0, len(ids), 500):
         for old in session.exec(
-            select(BootToken).where(col(BootToken.node_id).in_(ids[i : i + 500]), col(BootToken.used_at).is_(None))
+            select(BootToken).where(
+                col(BootToken.node_id).in_(ids[i : i + 500]), col(BootToken.used_at).is_(None)
+            )
         ):
             session.delete(old)
 
 
 def _refuse(session: Session, mac: str, why: str, peer: str | None, node: str | None = None) -> None:
-    events.record_unauthenticated(session, ACTOR, "boot.token", node or mac,
-                                  f"refused from {peer or 'unknown'} ({mac}): {why}", source=peer)  # fmt: skip
+    events.record_unauthenticated(
+        session,
+        ACTOR,
+        "boot.token",
+        node or mac,
+        f"refused from {peer or 'unknown'} ({mac}): {why}",
+        source=peer,
+    )
     session.commit()
 
 
-def check_boot_token(session: Session, mac: str, token: str | None, peer: str | None) -> tuple[Node, BootToken]:
+def check_boot_token(
+    session: Session, mac: str, token: str | None, peer: str | None
+) -> tuple[Node, BootToken]:
     """The node a one-time token belongs to, checked against Ironic's rule and the address the boot is
     bound to; a refusal is recorded (the caller brakes the client). Using it up is the caller's."""
     if not token:
-        raise Unauthorized("no boot token: send `Authorization: Bearer <bcm.token from the kernel command line>`")
+        raise Unauthorized(
+            "no boot token: send `Authorization: Bearer <bcm.token from the kernel command line>`"
+        )
     row = session.exec(select(BootToken).where(BootToken.token_hash == hash_token(token))).first()
     if row is None:
         _refuse(session, mac, "unknown boot token", peer)
@@ -378,7 +437,9 @@ def check_boot_token(session: Session, mac: str, token: str | None, peer: str | 
         _refuse(session, mac, f"the boot is bound to {row.client_address or 'no address'}", peer, name)
         raise Forbidden("this boot token is bound to another client address")
     if node is None or node.provision_state != State.PROVISIONING.value:
-        _refuse(session, mac, f"node is {node.provision_state if node else 'gone'}, not provisioning", peer, name)
+        _refuse(
+            session, mac, f"node is {node.provision_state if node else 'gone'}, not provisioning", peer, name
+        )
         raise Conflict(f"node {name} is not provisioning")
     return node, row
 
@@ -410,8 +471,12 @@ def hello(
     node, row = check_boot_token(session, mac, token, peer)
     if host_key_source(session, node) == "node":
         if host_key is None:  # the token stays usable: a fixed bcm-hello may call again
-            raise InvalidInput("host_key: this node makes its own SSH host key; send its public key", field="host_key")
-        node_svc.pin_host_key(session, node, host_key, ACTOR, "made by the node at boot (host_key_source node)")
+            raise InvalidInput(
+                "host_key: this node makes its own SSH host key; send its public key", field="host_key"
+            )
+        node_svc.pin_host_key(
+            session, node, host_key, ACTOR, "made by the node at boot (host_key_source node)"
+        )
     row.used_at, row.token_enc = utcnow(), None
     session.add(row)
     _, secret = agent_svc.issue_node_token(session, node.name, ACTOR)
@@ -442,7 +507,9 @@ def discovered_name(mac: str) -> str:
     return DISCOVERED_PREFIX + mac.replace(":", "")
 
 
-def discover(session: Session, settings: Settings, report: DiscoveryReport, peer: str | None) -> DiscoveryAccepted:
+def discover(
+    session: Session, settings: Settings, report: DiscoveryReport, peer: str | None
+) -> DiscoveryAccepted:
     """Record what an unknown machine found about itself; it appears as ``discovered``.
 
     Anyone on the provisioning network may post, so what one post stores is bounded: its facts in bytes
@@ -454,7 +521,9 @@ def discover(session: Session, settings: Settings, report: DiscoveryReport, peer
     size = len(json.dumps(facts))  # the JSON text the database is given
     limits = settings.pxe
     if size > limits.max_facts_bytes:
-        _refuse_discovery(session, report.mac, peer, f"{size} bytes of facts (limit {limits.max_facts_bytes})")
+        _refuse_discovery(
+            session, report.mac, peer, f"{size} bytes of facts (limit {limits.max_facts_bytes})"
+        )
         raise InvalidInput(
             f"facts: {size} bytes, more than the {limits.max_facts_bytes} one machine may store"
             " (BCM_PXE__MAX_FACTS_BYTES)",
@@ -465,8 +534,12 @@ def discover(session: Session, settings: Settings, report: DiscoveryReport, peer
         return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True)
     stored = _discovered_bytes(session, but=node.id if node is not None else None)
     if stored + size > limits.max_discovered_bytes:
-        _refuse_discovery(session, report.mac, peer, f"discovered machines' facts would exceed "
-                          f"{limits.max_discovered_bytes} bytes")  # fmt: skip
+        _refuse_discovery(
+            session,
+            report.mac,
+            peer,
+            f"discovered machines' facts would exceed {limits.max_discovered_bytes} bytes",
+        )
         raise Conflict(
             f"discovered machines' facts hold {stored} bytes (limit {limits.max_discovered_bytes}, "
             "BCM_PXE__MAX_DISCOVERED_BYTES); assign or remove some (bcm node discovered)"
@@ -487,30 +560,47 @@ def discover(session: Session, settings: Settings, report: DiscoveryReport, peer
             free, held = _free_name(session, rule)
             # not refusals: the machine is stored as discovered (counted by max_discovered) with this event
             if free is None:
-                events.record(session, ACTOR, "node.discovered", report.mac,
-                              f"category {rule.name}: no free name left in {rule.discover_names}", severity="warning")  # fmt: skip
+                events.record(
+                    session,
+                    ACTOR,
+                    "node.discovered",
+                    report.mac,
+                    f"category {rule.name}: no free name left in {rule.discover_names}",
+                    severity="warning",
+                )
             elif held >= limits.max_rule_registered:
                 # a flood of machines with the rule's MAC prefix must not take every name: beyond the limit
                 # they wait as discovered, and the rule hands out names again as its machines provision
-                events.record(session, ACTOR, "node.discovered", report.mac,
-                              f"category {rule.name}: {held} machines hold its rule's names and were never "
-                              f"provisioned (limit {limits.max_rule_registered}); left discovered", severity="warning")  # fmt: skip
+                events.record(
+                    session,
+                    ACTOR,
+                    "node.discovered",
+                    report.mac,
+                    f"category {rule.name}: {held} machines hold its rule's names and were never "
+                    f"provisioned (limit {limits.max_rule_registered}); left discovered",
+                    severity="warning",
+                )
             else:
                 name, state, category_id = free, State.REGISTERED.value, rule.id
         node = Node(name=name, provision_state=state, category_id=category_id)
         session.add(node)
         session.flush()
         assert node.id is not None
-        session.add(Interface(node_id=node.id, name=_boot_nic(report.facts, report.mac), mac=report.mac, boot=True))
+        session.add(
+            Interface(node_id=node.id, name=_boot_nic(report.facts, report.mac), mac=report.mac, boot=True)
+        )
         how = f" (category {rule.name}'s rule)" if category_id is not None and rule is not None else ""
-        events.record(session, ACTOR, "node.discovered", node.name, f"{report.mac} from {peer or 'unknown'}{how}")
+        events.record(
+            session, ACTOR, "node.discovered", node.name, f"{report.mac} from {peer or 'unknown'}{how}"
+        )
         if category_id is not None and rule is not None:
             node.facts, node.updated_at = facts, utcnow()
             session.add(node)
             session.flush()
             provisioning = zero_touch(session, settings, node, rule, report.bmc)
-            return DiscoveryAccepted(node=node.name, state=node.provision_state, assigned=True,
-                                     provisioning=provisioning)  # fmt: skip
+            return DiscoveryAccepted(
+                node=node.name, state=node.provision_state, assigned=True, provisioning=provisioning
+            )
     node.facts = facts
     node.updated_at = utcnow()
     session.add(node)
@@ -533,8 +623,14 @@ def zero_touch(
     if bmc is not None:
         why = _bmc_taken(session, node, bmc)
         if why:
-            events.record(session, ACTOR, "node.bmc", node.name, f"reported BMC {bmc.protocol} {bmc.address} "
-                          f"not taken: {why}", severity="warning")  # fmt: skip
+            events.record(
+                session,
+                ACTOR,
+                "node.bmc",
+                node.name,
+                f"reported BMC {bmc.protocol} {bmc.address} not taken: {why}",
+                severity="warning",
+            )
         else:
             node.bmc_address, node.bmc_protocol = bmc.address, bmc.protocol
             session.add(node)
@@ -550,11 +646,22 @@ def zero_touch(
         return False
     missing = power_svc.load_targets(session, settings.state_dir, [node.name]).missing
     if node.name in missing:
-        events.record(session, ACTOR, "node.provision", node.name, f"category {rule.name} provisions at once, "
-                      f"but not this node: {missing[node.name]}", severity="warning")  # fmt: skip
+        events.record(
+            session,
+            ACTOR,
+            "node.provision",
+            node.name,
+            f"category {rule.name} provisions at once, but not this node: {missing[node.name]}",
+            severity="warning",
+        )
         return False
-    nodes = node_svc.apply_verb(session, [node.name], Verb.PROVISION.value, ACTOR,
-                                f"zero-touch: category {rule.name} provisions the machines its rule registers")  # fmt: skip
+    nodes = node_svc.apply_verb(
+        session,
+        [node.name],
+        Verb.PROVISION.value,
+        ACTOR,
+        f"zero-touch: category {rule.name} provisions the machines its rule registers",
+    )
     queue(session, nodes)
     return True
 
@@ -575,7 +682,9 @@ def _bmc_taken(session: Session, node: Node, bmc: DiscoveredBmc) -> str | None:
     host = parse_bmc_address(bmc.address).host
     target = target_key(BmcProtocol(bmc.protocol), parse_bmc_address(bmc.address))
     like = session.exec(
-        select(Node).where(col(Node.bmc_address).contains(host, autoescape=True), Node.id != node.id).limit(100)
+        select(Node)
+        .where(col(Node.bmc_address).contains(host, autoescape=True), Node.id != node.id)
+        .limit(100)
     ).all()
     from bcm.services import power as power_svc
 
@@ -585,8 +694,9 @@ def _bmc_taken(session: Session, node: Node, bmc: DiscoveredBmc) -> str | None:
 
 def _refuse_discovery(session: Session, mac: str, peer: str | None, why: str) -> None:
     """Record a refused discovery (one event per client a minute, the rest summed) and keep it."""
-    events.record_unauthenticated(session, ACTOR, "node.discovered", mac, f"refused from {peer or 'unknown'}: {why}",
-                                  source=peer)  # fmt: skip
+    events.record_unauthenticated(
+        session, ACTOR, "node.discovered", mac, f"refused from {peer or 'unknown'}: {why}", source=peer
+    )
     session.commit()
 
 
@@ -639,7 +749,9 @@ def _boot_nic(facts: HardwareFacts, mac: str) -> str:
 
 def list_discovered(session: Session) -> list[Node]:
     return list(
-        session.exec(select(Node).where(Node.provision_state == State.DISCOVERED.value).order_by(col(Node.name)))
+        session.exec(
+            select(Node).where(Node.provision_state == State.DISCOVERED.value).order_by(col(Node.name))
+        )
     )
 
 
@@ -649,8 +761,13 @@ def assign(session: Session, req: AssignRequest, actor: str) -> Node:
     if node is None:
         raise NotFound(f"no machine with MAC {req.mac} was discovered (see `bcm node discovered`)")
     if node.provision_state != State.DISCOVERED.value:
-        raise Conflict(f"{req.mac} is node {node.name}, {node.provision_state}: only discovered machines are assigned")
-    if req.name != node.name and session.exec(select(Node.id).where(Node.name == req.name)).first() is not None:
+        raise Conflict(
+            f"{req.mac} is node {node.name}, {node.provision_state}: only discovered machines are assigned"
+        )
+    if (
+        req.name != node.name
+        and session.exec(select(Node.id).where(Node.name == req.name)).first() is not None
+    ):
         raise Conflict(f"name: a node named {req.name} exists already", field="name")
     if req.category is not None:
         cat = session.exec(select(Category).where(Category.name == req.category)).first()
@@ -679,11 +796,19 @@ def ensure_host_key(session: Session, state_dir: Path, node: Node) -> str | None
     the category leaves the key to bcm (``host_key_source node``: the node makes it, pinned at hello)."""
     if node.ssh_host_key or host_key_source(session, node) == "node":
         return node.ssh_host_key
-    return node_svc.make_host_key(session, state_dir, node, ACTOR, "made by bcm for the node's first provision")
+    return node_svc.make_host_key(
+        session, state_dir, node, ACTOR, "made by bcm for the node's first provision"
+    )
 
 
-def _add(tar: tarfile.TarFile, path: str, data: bytes | None, mode: int, kind: bytes = tarfile.REGTYPE,
-         link: str = "") -> None:  # fmt: skip
+def _add(
+    tar: tarfile.TarFile,
+    path: str,
+    data: bytes | None,
+    mode: int,
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
+) -> None:
     info = tarfile.TarInfo(path)
     info.mode, info.type, info.mtime, info.uname, info.gname = mode, kind, int(time.time()), "root", "root"
     if kind == tarfile.SYMTYPE:
@@ -700,50 +825,109 @@ def overlay(session: Session, settings: Settings, mac: str, token: str | None, p
     private = None
     if host_key_source(session, node) == "bcm" and node.host_key_enc and node.ssh_host_key:
         if row.overlay_at is not None:
-            _refuse(session, mac, f"the overlay with the host key went out already ({row.overlay_at:%H:%M:%S} UTC)",
-                    peer, node.name)  # fmt: skip
-            raise Forbidden("this boot's overlay was sent already; provision the node again for a new attempt")
+            _refuse(
+                session,
+                mac,
+                f"the overlay with the host key went out already ({row.overlay_at:%H:%M:%S} UTC)",
+                peer,
+                node.name,
+            )
+            raise Forbidden(
+                "this boot's overlay was sent already; provision the node again for a new attempt"
+            )
         private = secret_svc.decrypt(settings.state_dir, node.host_key_enc)
     pub = node.ssh_host_key
     head_key = (settings.ssh_key_file.with_suffix(".pub")).read_text().strip()
     hosts = session.exec(
-        select(Node.name, Interface.ip).join(Interface, col(Interface.node_id) == col(Node.id))
+        select(Node.name, Interface.ip)
+        .join(Interface, col(Interface.node_id) == col(Node.id))
         .where(col(Interface.ip).is_not(None), Node.provision_state != State.DISCOVERED.value)
-        .order_by(col(Node.name)).limit(10000)
-    ).all()  # fmt: skip
+        .order_by(col(Node.name))
+        .limit(10000)
+    ).all()
     ca = tls.published_ca(settings) if settings.tls.enabled else None
-    ctx: dict[str, Any] = {"node": node.name, "server_url": server_url(settings), "head": settings.pxe.address,
-                           "hosts": [(n, ip) for n, ip in hosts], "api_url": tls.node_api_url(settings),
-                           "ca_file": NODE_CA_PATH if ca else None}  # fmt: skip - a dict literal kept compact
+    ctx: dict[str, Any] = {
+        "node": node.name,
+        "server_url": server_url(settings),
+        "head": settings.pxe.address,
+        "hosts": [(n, ip) for n, ip in hosts],
+        "api_url": tls.node_api_url(settings),
+        "ca_file": NODE_CA_PATH if ca else None,
+    }
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for d in ("etc", "etc/ssh", "etc/ssh/sshd_config.d", "etc/bcm", "etc/systemd", "etc/systemd/system",
-                  "etc/systemd/system/multi-user.target.wants", "usr", "usr/local", "usr/local/sbin"):  # fmt: skip
+        for d in (
+            "etc",
+            "etc/ssh",
+            "etc/ssh/sshd_config.d",
+            "etc/bcm",
+            "etc/systemd",
+            "etc/systemd/system",
+            "etc/systemd/system/multi-user.target.wants",
+            "usr",
+            "usr/local",
+            "usr/local/sbin",
+        ):
             _add(tar, d, None, 0o755, tarfile.DIRTYPE)
         _add(tar, "root", None, 0o700, tarfile.DIRTYPE)
         _add(tar, "root/.ssh", None, 0o700, tarfile.DIRTYPE)
         _add(tar, "etc/hostname", f"{node.name}\n".encode(), 0o644)
         _add(tar, "etc/hosts", render("overlay/etc/hosts.j2", **ctx).encode(), 0o644)
-        if private is not None:  # else the node's sshd makes its own (pinned at hello, or an admin's pin kept)
+        if (
+            private is not None
+        ):  # else the node's sshd makes its own (pinned at hello, or an admin's pin kept)
             _add(tar, "etc/ssh/ssh_host_ed25519_key", private.encode(), 0o600)
             _add(tar, "etc/ssh/ssh_host_ed25519_key.pub", f"{pub} root@{node.name}\n".encode(), 0o644)
-        _add(tar, "etc/ssh/sshd_config.d/bcm.conf", render("overlay/etc/ssh/sshd_config.d/bcm.conf.j2", **ctx).encode(),
-             0o644)  # fmt: skip
+        _add(
+            tar,
+            "etc/ssh/sshd_config.d/bcm.conf",
+            render("overlay/etc/ssh/sshd_config.d/bcm.conf.j2", **ctx).encode(),
+            0o644,
+        )
         _add(tar, "root/.ssh/authorized_keys", f"{head_key}\n".encode(), 0o600)
-        _add(tar, "etc/bcm/node.json", json.dumps({"node": node.name, "server_url": ctx["server_url"], "mac": mac}).encode(),
-             0o644)  # fmt: skip
+        _add(
+            tar,
+            "etc/bcm/node.json",
+            json.dumps({"node": node.name, "server_url": ctx["server_url"], "mac": mac}).encode(),
+            0o644,
+        )
         if ca is not None:  # the CA the node's callback and agent verify the API against
             _add(tar, NODE_CA_PATH.lstrip("/"), ca.read_bytes(), 0o644)
-        _add(tar, "usr/local/sbin/bcm-hello", render("overlay/usr/local/sbin/bcm-hello.j2", **ctx).encode(), 0o755)
-        _add(tar, "etc/systemd/system/bcm-hello.service",
-             render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx).encode(), 0o644)  # fmt: skip
-        _add(tar, "etc/systemd/system/multi-user.target.wants/bcm-hello.service", None, 0o777, tarfile.SYMTYPE,
-             "/etc/systemd/system/bcm-hello.service")  # fmt: skip
+        _add(
+            tar,
+            "usr/local/sbin/bcm-hello",
+            render("overlay/usr/local/sbin/bcm-hello.j2", **ctx).encode(),
+            0o755,
+        )
+        _add(
+            tar,
+            "etc/systemd/system/bcm-hello.service",
+            render("overlay/etc/systemd/system/bcm-hello.service.j2", **ctx).encode(),
+            0o644,
+        )
+        _add(
+            tar,
+            "etc/systemd/system/multi-user.target.wants/bcm-hello.service",
+            None,
+            0o777,
+            tarfile.SYMTYPE,
+            "/etc/systemd/system/bcm-hello.service",
+        )
         # the agent, where the image carries it (a recipe with `agent: true`): starts with the traded token
-        _add(tar, "etc/systemd/system/bcm-agent.service",
-             render("overlay/etc/systemd/system/bcm-agent.service.j2", **ctx).encode(), 0o644)  # fmt: skip
-        _add(tar, "etc/systemd/system/multi-user.target.wants/bcm-agent.service", None, 0o777, tarfile.SYMTYPE,
-             "/etc/systemd/system/bcm-agent.service")  # fmt: skip
+        _add(
+            tar,
+            "etc/systemd/system/bcm-agent.service",
+            render("overlay/etc/systemd/system/bcm-agent.service.j2", **ctx).encode(),
+            0o644,
+        )
+        _add(
+            tar,
+            "etc/systemd/system/multi-user.target.wants/bcm-agent.service",
+            None,
+            0o777,
+            tarfile.SYMTYPE,
+            "/etc/systemd/system/bcm-agent.service",
+        )
     row.overlay_at = utcnow()
     session.add(row)
     what = "with bcm's host key" if private is not None else "without a host key"
@@ -778,31 +962,40 @@ def queue(session: Session, nodes: list[Node]) -> None:
 def timed_out(session: Session, now: datetime) -> list[str]:
     """Provisioning nodes past their deadline fail (a server that was down fails them at its next start)."""
     late = session.exec(
-        select(Node).where(Node.provision_state == State.PROVISIONING.value, col(Node.provision_deadline) < now)
+        select(Node).where(
+            Node.provision_state == State.PROVISIONING.value, col(Node.provision_deadline) < now
+        )
     ).all()
     for n in late:
-        fail(session, n, "provisioning: the node did not call back before its deadline "
-             f"({n.provision_deadline:%Y-%m-%d %H:%M:%S} UTC); check its console")  # fmt: skip
+        fail(
+            session,
+            n,
+            "provisioning: the node did not call back before its deadline "
+            f"({n.provision_deadline:%Y-%m-%d %H:%M:%S} UTC); check its console",
+        )
     return [n.name for n in late]
 
 
 def claim(session: Session, settings: Settings, now: datetime) -> list[str]:
     """Start the next queued nodes, so that at most ``pxe.max_concurrent`` provision at once."""
     in_flight = session.exec(
-        select(func.count()).select_from(Node).where(
-            Node.provision_state == State.PROVISIONING.value, col(Node.provision_started_at).is_not(None)
-        )
+        select(func.count())
+        .select_from(Node)
+        .where(Node.provision_state == State.PROVISIONING.value, col(Node.provision_started_at).is_not(None))
     ).one()
     room = settings.pxe.max_concurrent - in_flight
     if room <= 0:
         return []
     nodes = session.exec(
-        select(Node).where(
+        select(Node)
+        .where(
             Node.provision_state == State.PROVISIONING.value,
             col(Node.provision_started_at).is_(None),
             col(Node.lock_owner).is_(None) | (col(Node.lock_expires) < now),
-        ).order_by(col(Node.provision_queued_at), col(Node.id)).limit(room)
-    ).all()  # fmt: skip
+        )
+        .order_by(col(Node.provision_queued_at), col(Node.id))
+        .limit(room)
+    ).all()
     deadline = now + timedelta(seconds=settings.pxe.provision_timeout_s)
     for n in nodes:
         n.provision_queued_at = n.provision_queued_at or now
@@ -818,8 +1011,13 @@ def claim(session: Session, settings: Settings, now: datetime) -> list[str]:
 def host_entries(session: Session) -> list[tuple[str, str | None, str]]:
     """(mac, ip, name) of every known machine's boot interface (discovered ones get no fixed entry)."""
     rows = session.exec(
-        select(Interface.mac, Interface.ip, Node.name).join(Node, col(Node.id) == col(Interface.node_id))
-        .where(col(Interface.mac).is_not(None), col(Interface.boot), Node.provision_state != State.DISCOVERED.value)
+        select(Interface.mac, Interface.ip, Node.name)
+        .join(Node, col(Node.id) == col(Interface.node_id))
+        .where(
+            col(Interface.mac).is_not(None),
+            col(Interface.boot),
+            Node.provision_state != State.DISCOVERED.value,
+        )
         .order_by(col(Interface.mac))
-    ).all()  # fmt: skip
+    ).all()
     return [(normalize_mac(m), ip, name) for m, ip, name in rows if m]

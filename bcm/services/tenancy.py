@@ -437,7 +437,9 @@ def previous(state_dir: Path, cluster: str) -> list[AccountSpec]:
     except (OSError, ValueError):
         return []
     return [
-        AccountSpec(a["name"], a["parent"], a["fairshare"], a["gpu_limit"], tuple(a["users"]), a.get("gpu_deserved"))
+        AccountSpec(
+            a["name"], a["parent"], a["fairshare"], a["gpu_limit"], tuple(a["users"]), a.get("gpu_deserved")
+        )
         for a in data
     ]
 

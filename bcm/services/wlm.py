@@ -66,7 +66,9 @@ def remove(session: Session, name: str, actor: str) -> None:
     members = member_names(session, row)
     session.execute(delete(WlmMember).where(col(WlmMember.cluster_id) == row.id))
     session.delete(row)
-    events.record(session, actor, "wlm.remove", name, f"{row.kind} cluster forgotten ({fold_hostlist(members)})")
+    events.record(
+        session, actor, "wlm.remove", name, f"{row.kind} cluster forgotten ({fold_hostlist(members)})"
+    )
     session.flush()
 
 
@@ -260,9 +262,7 @@ def plan_deploy(session: Session, kind: str, req: WlmDeployRequest, actor: str) 
     return cluster
 
 
-def _host(
-    node: Node, addrs: dict[str, str | None], gpus: list[Gpu], cats: dict[Any, str]
-) -> wlm.WlmHost:
+def _host(node: Node, addrs: dict[str, str | None], gpus: list[Gpu], cats: dict[Any, str]) -> wlm.WlmHost:
     return wlm.WlmHost(
         node.name,
         addrs[node.name],
@@ -475,7 +475,9 @@ class JoinPlan:
 def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
     """For each cluster a category names (``wlm_cluster``): the booted, inventoried, unlocked nodes of those
     categories in no other cluster (a member back from a reimage is verified again), and its retired members."""
-    cats = session.exec(select(Category.id, Category.wlm_cluster).where(col(Category.wlm_cluster).is_not(None))).all()
+    cats = session.exec(
+        select(Category.id, Category.wlm_cluster).where(col(Category.wlm_cluster).is_not(None))
+    ).all()
     by_cluster: dict[str, list[int]] = {}
     for cid, cluster in cats:
         by_cluster.setdefault(str(cluster), []).append(cid or 0)
@@ -486,25 +488,35 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
         if row is not None:
             elsewhere = elsewhere.where(WlmMember.cluster_id != row.id)
         rows = session.exec(
-            select(Node).where(
+            select(Node)
+            .where(
                 col(Node.category_id).in_(ids),
                 col(Node.provision_state).in_([State.PROVISIONING.value, State.BOOTED.value]),
                 col(Node.id).not_in(elsewhere),
-            ).order_by(col(Node.name)).limit(limit)
-        ).all()  # fmt: skip
+            )
+            .order_by(col(Node.name))
+            .limit(limit)
+        ).all()
         ready = [
-            n.name for n in rows
-            if n.provision_state == State.BOOTED.value and n.inventoried_at is not None and n.facts
+            n.name
+            for n in rows
+            if n.provision_state == State.BOOTED.value
+            and n.inventoried_at is not None
+            and n.facts
             and not node_svc._locked(n)
-        ]  # fmt: skip
+        ]
         members = member_names(session, row) if row is not None else []
         leaving: tuple[str, ...] = ()
         if row is not None and members:
             gone = session.exec(
-                select(Node.name).join(WlmMember, col(WlmMember.node_id) == col(Node.id)).where(
-                    WlmMember.cluster_id == row.id, WlmMember.role == WlmRole.COMPUTE.value,
-                    Node.provision_state == State.RETIRED.value)
-            ).all()  # fmt: skip
+                select(Node.name)
+                .join(WlmMember, col(WlmMember.node_id) == col(Node.id))
+                .where(
+                    WlmMember.cluster_id == row.id,
+                    WlmMember.role == WlmRole.COMPUTE.value,
+                    Node.provision_state == State.RETIRED.value,
+                )
+            ).all()
             leaving = tuple(sorted(gone))
         if not ready and not leaving:
             continue
@@ -514,8 +526,19 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
             continue
         ctl = session.get(Node, row.controller_id)
         why = None if row.state in _LIVE else f"cluster {cluster} is {row.state}"
-        plans.append(JoinPlan(cluster, row.kind, ctl.name if ctl else "", members, ready,
-                              dict(row.settings or {}), pending, why, leaving))  # fmt: skip
+        plans.append(
+            JoinPlan(
+                cluster,
+                row.kind,
+                ctl.name if ctl else "",
+                members,
+                ready,
+                dict(row.settings or {}),
+                pending,
+                why,
+                leaving,
+            )
+        )
     return plans
 
 

@@ -46,7 +46,10 @@ def bounded(usage: Iterable[NodeUsage], node_ids: dict[str, int]) -> dict[tuple[
         if nid is None or not account:
             continue  # a node bcm does not count among the cluster's members
         gpus, jobs = summed.get((nid, account), (0, 0))
-        summed[(nid, account)] = (min(INT32_MAX, gpus + max(0, u.gpus)), min(INT32_MAX, jobs + max(0, u.jobs)))
+        summed[(nid, account)] = (
+            min(INT32_MAX, gpus + max(0, u.gpus)),
+            min(INT32_MAX, jobs + max(0, u.jobs)),
+        )
     by_node: dict[int, list[tuple[str, tuple[int, int]]]] = {}
     for (nid, account), value in summed.items():
         by_node.setdefault(nid, []).append((account, value))
@@ -78,15 +81,26 @@ def apply(session: Session, cluster: str, usage: Sequence[NodeUsage]) -> int:
     have = {
         (nid, account): (uid, gpus, jobs)
         for uid, nid, account, gpus, jobs in session.execute(
-            sa_select(col(WlmUsage.id), col(WlmUsage.node_id), col(WlmUsage.account), col(WlmUsage.gpus),
-                      col(WlmUsage.jobs)).where(col(WlmUsage.cluster_id) == row.id)  # fmt: skip
+            sa_select(
+                col(WlmUsage.id),
+                col(WlmUsage.node_id),
+                col(WlmUsage.account),
+                col(WlmUsage.gpus),
+                col(WlmUsage.jobs),
+            ).where(col(WlmUsage.cluster_id) == row.id)
         )
     }
     gone = [uid for key, (uid, _g, _j) in have.items() if key not in want]
-    moved = [{"id": uid, "gpus": want[key][0], "jobs": want[key][1]}
-             for key, (uid, gpus, jobs) in have.items() if key in want and (gpus, jobs) != want[key]]  # fmt: skip
-    new = [{"cluster_id": row.id, "node_id": nid, "account": account, "gpus": gpus, "jobs": jobs}
-           for (nid, account), (gpus, jobs) in want.items() if (nid, account) not in have]  # fmt: skip
+    moved = [
+        {"id": uid, "gpus": want[key][0], "jobs": want[key][1]}
+        for key, (uid, gpus, jobs) in have.items()
+        if key in want and (gpus, jobs) != want[key]
+    ]
+    new = [
+        {"cluster_id": row.id, "node_id": nid, "account": account, "gpus": gpus, "jobs": jobs}
+        for (nid, account), (gpus, jobs) in want.items()
+        if (nid, account) not in have
+    ]
     for i in range(0, len(gone), CHUNK):
         session.execute(delete(WlmUsage).where(col(WlmUsage.id).in_(gone[i : i + CHUNK])))
     if moved:
@@ -103,8 +117,12 @@ def apply(session: Session, cluster: str, usage: Sequence[NodeUsage]) -> int:
 def keep_only(session: Session, clusters: Sequence[str]) -> int:
     """Drop the samples of every cluster but ``clusters`` (those the sync still reads); the rows dropped."""
     others = col(WlmCluster.name).not_in(list(clusters))
-    result = session.execute(delete(WlmUsage).where(col(WlmUsage.cluster_id).in_(select(WlmCluster.id).where(others))))
-    session.execute(update(WlmCluster).where(others, col(WlmCluster.usage_at).is_not(None)).values(usage_at=None))
+    result = session.execute(
+        delete(WlmUsage).where(col(WlmUsage.cluster_id).in_(select(WlmCluster.id).where(others)))
+    )
+    session.execute(
+        update(WlmCluster).where(others, col(WlmCluster.usage_at).is_not(None)).values(usage_at=None)
+    )
     return int(getattr(result, "rowcount", 0) or 0)
 
 
@@ -131,4 +149,6 @@ def account_gpus(session: Session) -> dict[str, int]:
 
 def sampled(session: Session) -> list[tuple[str, datetime | None]]:
     """Each cluster and when its usage was last sampled (None: never)."""
-    return list(session.exec(select(WlmCluster.name, WlmCluster.usage_at).order_by(col(WlmCluster.name))).all())
+    return list(
+        session.exec(select(WlmCluster.name, WlmCluster.usage_at).order_by(col(WlmCluster.name))).all()
+    )

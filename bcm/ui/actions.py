@@ -49,9 +49,11 @@ async def confirm(request: Request, me: Me, session: SessionDep) -> Response:
     action, reason = _action(form), _reason(form)
     if form.get("scope") == "matching":
         f = queries.NodeFilter(
-            nodes=clean(form.get("f_nodes"), "nodes", 8192), state=clean(form.get("f_state"), "state", 16),
-            category=clean(form.get("f_category"), "category"), health=clean(form.get("f_health"), "health", 16),
-        )  # fmt: skip
+            nodes=clean(form.get("f_nodes"), "nodes", 8192),
+            state=clean(form.get("f_state"), "state", 16),
+            category=clean(form.get("f_category"), "category"),
+            health=clean(form.get("f_health"), "health", 16),
+        )
         names = queries.matching_names(session, f)
     else:
         names = []
@@ -64,8 +66,13 @@ async def confirm(request: Request, me: Me, session: SessionDep) -> Response:
     from bcm.services import nodes as node_svc
 
     node_svc.get_many(session, names)  # 404 naming every unknown node, before anything is asked
-    context = {"action": action, "reason": reason, "names": names[:SHOWN], "count": len(names),
-               "hostlist": fold_hostlist(names)}  # fmt: skip
+    context = {
+        "action": action,
+        "reason": reason,
+        "names": names[:SHOWN],
+        "count": len(names),
+        "hostlist": fold_hostlist(names),
+    }
     return render(request, "ui/confirm.html", context)
 
 
@@ -79,7 +86,9 @@ async def act(request: Request, me: Me) -> Response:
     names = expand_hostlist((form.get("nodes") or "").strip(), "nodes")
     runner = request.app.state.runner
     if action in POWER_ACTIONS:
-        op_id = await power_worker.start(runner, PowerAction(action.removeprefix("power-")), names, me.actor, reason)
+        op_id = await power_worker.start(
+            runner, PowerAction(action.removeprefix("power-")), names, me.actor, reason
+        )
         return redirect(f"/ui/operations/{op_id}")
     result = await runner.verb(action, names, me.actor, reason)
     if result.operation_id is not None:
@@ -96,13 +105,16 @@ async def assign(request: Request, me: Me, session: SessionDep) -> Response:
     require_operator(me)
     try:
         req = AssignRequest(
-            mac=form.get("mac", ""), name=(form.get("name") or "").strip(),
-            category=clean(form.get("category"), "category"), image=clean(form.get("image"), "image", 128),
-        )  # fmt: skip
+            mac=form.get("mac", ""),
+            name=(form.get("name") or "").strip(),
+            category=clean(form.get("category"), "category"),
+            image=clean(form.get("image"), "image", 128),
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first.get("loc", ())) or "form"
-        raise InvalidInput(f"{field}: {str(first['msg']).removeprefix('Value error, ')}", field=field) from None
+        raise InvalidInput(
+            f"{field}: {str(first['msg']).removeprefix('Value error, ')}", field=field
+        ) from None
     node = pxe.assign(session, req, me.actor)
     return redirect(f"/ui/nodes/{node.name}")
-

@@ -49,6 +49,8 @@ def thin(points: Series, limit: int = MAX_POINTS) -> Series:
         values = [p for p in run if p[1] is not None]
         out.append(max(values, key=lambda p: float(p[1] or 0)) if values else (run[0][0], None))
     return out
+
+
 LEFT, RIGHT, TOP, BOTTOM = 48, 12, 12, 28
 
 
@@ -119,7 +121,9 @@ def line_chart(title: str, unit: str, series: Sequence[tuple[str, Series]]) -> M
     return Markup("".join(parts))  # noqa: S704 - every text above is escaped, every number ours
 
 
-def event_chart(title: str, events: Sequence[tuple[datetime, int]], span: tuple[datetime, datetime] | None) -> Markup:
+def event_chart(
+    title: str, events: Sequence[tuple[datetime, int]], span: tuple[datetime, datetime] | None
+) -> Markup:
     """XID events as marks on the history's time axis, each labelled with its code."""
     if not events:
         return Markup(f'<p class="muted">{escape(title)}: none in the history kept</p>')  # noqa: S704
@@ -128,8 +132,12 @@ def event_chart(title: str, events: Sequence[tuple[datetime, int]], span: tuple[
     parts = _frame(title, 0, 1, first, last, "")
     for t, code in events:
         x = _x(t.timestamp(), t0, t1)
-        parts.append(f'<line class="chart-mark" x1="{x:.1f}" y1="{TOP + 14}" x2="{x:.1f}" y2="{HEIGHT - BOTTOM}"/>')
-        parts.append(f'<text class="chart-text" x="{x:.1f}" y="{TOP + 10}" text-anchor="middle">{int(code)}</text>')
+        parts.append(
+            f'<line class="chart-mark" x1="{x:.1f}" y1="{TOP + 14}" x2="{x:.1f}" y2="{HEIGHT - BOTTOM}"/>'
+        )
+        parts.append(
+            f'<text class="chart-text" x="{x:.1f}" y="{TOP + 10}" text-anchor="middle">{int(code)}</text>'
+        )
     parts.append("</svg>")
     return Markup("".join(parts))  # noqa: S704
 
@@ -140,8 +148,12 @@ def gpu_charts(samples: Sequence[Sample]) -> dict[str, Markup]:
     span = (old_first[0].time, old_first[-1].time) if old_first else None
     xids = [(s.time, s.xid) for s in old_first if s.xid]
     return {
-        "temperature": line_chart("Temperature (°C)", "°C", [("temperature", [(s.time, s.temperature_c) for s in old_first])]),
-        "power": line_chart("Power draw (W)", "W", [("power", [(s.time, s.power_draw_w) for s in old_first])]),
+        "temperature": line_chart(
+            "Temperature (°C)", "°C", [("temperature", [(s.time, s.temperature_c) for s in old_first])]
+        ),
+        "power": line_chart(
+            "Power draw (W)", "W", [("power", [(s.time, s.power_draw_w) for s in old_first])]
+        ),
         "ecc": line_chart(
             "ECC errors (volatile)",
             "count",

@@ -28,8 +28,13 @@ KEEPALIVE_S = 15.0
 def _read(engine: Any, op_id: int) -> tuple[str, dict[str, Any]]:
     with Session(engine) as s:
         op = op_svc.get(s, op_id)
-        status = {"state": op.state, "done": op.progress_done, "total": op.progress_total,
-                  "finished": op_svc.is_finished(op), "error": op.error}  # fmt: skip
+        status = {
+            "state": op.state,
+            "done": op.progress_done,
+            "total": op.progress_total,
+            "finished": op_svc.is_finished(op),
+            "error": op.error,
+        }
         return op.log, status
 
 

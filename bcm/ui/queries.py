@@ -46,8 +46,16 @@ class NodeFilter:
     desc: bool = False
 
     def params(self) -> dict[str, str]:
-        out = {k: v for k, v in (("nodes", self.nodes), ("state", self.state), ("category", self.category),
-                                 ("health", self.health)) if v}  # fmt: skip
+        out = {
+            k: v
+            for k, v in (
+                ("nodes", self.nodes),
+                ("state", self.state),
+                ("category", self.category),
+                ("health", self.health),
+            )
+            if v
+        }
         if self.sort != "name":
             out["sort"] = self.sort
         if self.desc:
@@ -76,12 +84,16 @@ class NodeRow:
 
     @property
     def worst_gpu(self) -> str:
-        return min(self.gpu_verdicts, key=lambda v: VERDICT_ORDER.get(v, 9)) if self.gpu_verdicts else "UNKNOWN"
+        return (
+            min(self.gpu_verdicts, key=lambda v: VERDICT_ORDER.get(v, 9)) if self.gpu_verdicts else "UNKNOWN"
+        )
 
 
 def _gpu_counts() -> Any:
     return (
-        sa_select(col(Gpu.node_id).label("node_id"), func.count().label("n")).group_by(col(Gpu.node_id)).subquery()
+        sa_select(col(Gpu.node_id).label("node_id"), func.count().label("n"))
+        .group_by(col(Gpu.node_id))
+        .subquery()
     )
 
 
@@ -111,13 +123,13 @@ def _filtered(session: Session, f: NodeFilter, *, needs_health: bool) -> Any:
             stmt = stmt.where(col(NodeHealth.verdict) == wanted)
     if f.nodes:
         names = expand_hostlist(f.nodes, "nodes")
-        stmt = stmt.where(or_(*[col(Node.name).in_(names[i : i + CHUNK]) for i in range(0, len(names), CHUNK)]))
+        stmt = stmt.where(
+            or_(*[col(Node.name).in_(names[i : i + CHUNK]) for i in range(0, len(names), CHUNK)])
+        )
     return stmt
 
 
-def node_page(
-    session: Session, f: NodeFilter, *, limit: int, offset: int
-) -> tuple[list[NodeRow], int]:
+def node_page(session: Session, f: NodeFilter, *, limit: int, offset: int) -> tuple[list[NodeRow], int]:
     """One page of the Nodes table and the number of nodes matching the filter."""
     if f.sort not in SORTS:
         raise InvalidInput(f"sort: one of {', '.join(SORTS)}", field="sort")
@@ -135,8 +147,16 @@ def node_page(
     elif f.sort == "health":
         key = func.coalesce(col(NodeHealth.verdict), "UNKNOWN")
     else:
-        key = col({"name": Node.name, "state": Node.provision_state, "power": Node.power_state,
-                   "image": Node.image, "running": Node.running_image, "wlm": Node.wlm_state}[f.sort])  # fmt: skip
+        key = col(
+            {
+                "name": Node.name,
+                "state": Node.provision_state,
+                "power": Node.power_state,
+                "image": Node.image,
+                "running": Node.running_image,
+                "wlm": Node.wlm_state,
+            }[f.sort]
+        )
     order = [key.desc() if f.desc else key.asc()]
     if f.sort != "name":
         order.append(col(Node.name).asc())
@@ -178,7 +198,9 @@ def rows_for(session: Session, nodes: Sequence[Node]) -> list[NodeRow]:
     out = []
     for n, view in zip(nodes, views, strict=True):
         verdict, reason = health.get(n.id or 0, ("UNKNOWN", None))
-        out.append(NodeRow(view, verdict, reason, verdicts.get(n.id or 0, {}), sorted(clusters.get(n.id or 0, []))))
+        out.append(
+            NodeRow(view, verdict, reason, verdicts.get(n.id or 0, {}), sorted(clusters.get(n.id or 0, [])))
+        )
     return out
 
 
@@ -243,7 +265,13 @@ def node_readings(session: Session, node_id: int, limit: int) -> dict[str, list[
             if len(g) < width:
                 g = list(g) + [None] * (width - len(g))
             out.setdefault(str(g[at["uuid"]]), []).append(
-                Reading(time, g[at["temperature_c"]], g[at["power_draw_w"]], g[at["ecc_sbe_volatile"]],
-                        g[at["ecc_dbe_volatile"]], g[at["xid"]])  # fmt: skip
+                Reading(
+                    time,
+                    g[at["temperature_c"]],
+                    g[at["power_draw_w"]],
+                    g[at["ecc_sbe_volatile"]],
+                    g[at["ecc_dbe_volatile"]],
+                    g[at["xid"]],
+                )
             )
     return out

@@ -36,8 +36,9 @@ from bcm.ui.web import Me, UiRoute, check_csrf, read_form, redirect, render
 router = APIRouter(prefix="/ui", route_class=UiRoute, include_in_schema=False)
 
 VERB_ACTIONS = ("drain", "resume", "provision")
-POWER_ACTIONS = tuple(f"power-{a.value}" for a in (PowerAction.ON, PowerAction.OFF, PowerAction.CYCLE,
-                                                   PowerAction.STATUS))  # fmt: skip
+POWER_ACTIONS = tuple(
+    f"power-{a.value}" for a in (PowerAction.ON, PowerAction.OFF, PowerAction.CYCLE, PowerAction.STATUS)
+)
 ACTIONS = VERB_ACTIONS + POWER_ACTIONS
 Text = Annotated[str | None, Query(max_length=8192)]
 
@@ -65,8 +66,9 @@ def _secure(request: Request) -> bool:
     return request.url.scheme == "https"
 
 
-def _signin_form(request: Request, message: str | None = None, status_code: int = 200,
-                 next_url: str = "/ui/") -> Response:  # fmt: skip
+def _signin_form(
+    request: Request, message: str | None = None, status_code: int = 200, next_url: str = "/ui/"
+) -> Response:
     nonce = secrets.token_hex(16)
     state_dir = request.app.state.settings.state_dir
     response = render(
@@ -75,8 +77,15 @@ def _signin_form(request: Request, message: str | None = None, status_code: int 
         {"csrf": sessions.csrf_token(state_dir, "signin|" + nonce), "message": message, "next": next_url},
         status_code,
     )
-    response.set_cookie(sessions.LOGIN_COOKIE, nonce, max_age=3600, path="/ui", httponly=True,
-                        samesite="strict", secure=_secure(request))  # fmt: skip
+    response.set_cookie(
+        sessions.LOGIN_COOKIE,
+        nonce,
+        max_age=3600,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=_secure(request),
+    )
     return response
 
 
@@ -106,14 +115,26 @@ async def signin(request: Request, session: SessionDep) -> Response:
         return response
     role = Role(token.role)
     if role is Role.NODE or role.rank < Role.VIEWER.rank:
-        return _signin_form(request, f"A {role.value} token cannot sign in to the dashboard "
-                            "(it needs a viewer, operator or admin token).", 403, next_url)  # fmt: skip
+        return _signin_form(
+            request,
+            f"A {role.value} token cannot sign in to the dashboard "
+            "(it needs a viewer, operator or admin token).",
+            403,
+            next_url,
+        )
     assert token.id is not None
     cookie, _ref = sessions.issue(state_dir, token.id)
     events.record(session, f"{token.role}:{token.name}", "ui.signin", token.name, "dashboard session started")
     response = redirect(next_url)
-    response.set_cookie(sessions.COOKIE, cookie, max_age=sessions.LIFETIME_S, path="/ui", httponly=True,
-                        samesite="strict", secure=_secure(request))  # fmt: skip
+    response.set_cookie(
+        sessions.COOKIE,
+        cookie,
+        max_age=sessions.LIFETIME_S,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=_secure(request),
+    )
     response.delete_cookie(sessions.LOGIN_COOKIE, path="/ui")
     return response
 
@@ -124,7 +145,9 @@ async def signout(request: Request, me: Me, session: SessionDep) -> Response:
     sessions.signed_out.add(me.ref.nonce, me.ref.expires)
     events.record(session, me.actor, "ui.signout", me.token.name, "dashboard session ended")
     response = redirect("/ui/signin")
-    response.delete_cookie(sessions.COOKIE, path="/ui", httponly=True, samesite="strict", secure=_secure(request))
+    response.delete_cookie(
+        sessions.COOKIE, path="/ui", httponly=True, samesite="strict", secure=_secure(request)
+    )
     return response
 
 
@@ -174,9 +197,13 @@ def nodes_page(
     done: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Response:
     f = queries.NodeFilter(
-        nodes=clean(nodes, "nodes", 8192), state=clean(state, "state", 16), category=clean(category, "category"),
-        health=clean(health, "health", 16), sort=sort, desc=dir == "desc",
-    )  # fmt: skip
+        nodes=clean(nodes, "nodes", 8192),
+        state=clean(state, "state", 16),
+        category=clean(category, "category"),
+        health=clean(health, "health", 16),
+        sort=sort,
+        desc=dir == "desc",
+    )
     rows, total = queries.node_page(session, f, limit=limit, offset=offset)
     base = f.params() | ({"limit": str(limit)} if limit != 100 else {})
 
@@ -220,8 +247,12 @@ def node_page(request: Request, name: str, me: Me, session: SessionDep) -> Respo
     readings = queries.node_readings(session, node.id or 0, keep)
     gpu_charts = {g.uuid: charts.gpu_charts(readings.get(g.uuid, [])) for g in gpus}
     samples = {g.uuid: len(readings.get(g.uuid, [])) for g in gpus}
-    nh = {r.name: r for r in health_queries.list_nodes(session, request.app.state.settings.health,
-                                                      hostlist=name, limit=1).items}  # fmt: skip
+    nh = {
+        r.name: r
+        for r in health_queries.list_nodes(
+            session, request.app.state.settings.health, hostlist=name, limit=1
+        ).items
+    }
     ops = [
         o
         for o in session.execute(sa_select(Operation).order_by(col(Operation.id).desc()).limit(200)).scalars()
@@ -284,8 +315,12 @@ def operation_page(
 ) -> Response:
     op = op_svc.get(session, op_id)
     results = sorted((op.results or {}).items())
-    return render(request, "ui/operation.html", {"op": op, "results": results,
-                                                 "finished": op_svc.is_finished(op)}, etag=True)  # fmt: skip
+    return render(
+        request,
+        "ui/operation.html",
+        {"op": op, "results": results, "finished": op_svc.is_finished(op)},
+        etag=True,
+    )
 
 
 # ---- health, images, workload managers, tenancy, PXE ----------------------------------------------------
@@ -333,8 +368,12 @@ def tenancy_page(request: Request, me: Me, session: SessionDep) -> Response:
     used = {p.name: held.get(p.name, 0) for p in projects}
     # a department's jobs run in its projects' accounts (and, rarely, its own)
     used.update({d.name: held.get(d.name, 0) + sum(held.get(p, 0) for p in d.projects) for d in departments})
-    context = {"departments": departments, "projects": projects, "used": used,
-               "sampled": wlm_usage.sampled(session)}  # fmt: skip
+    context = {
+        "departments": departments,
+        "projects": projects,
+        "used": used,
+        "sampled": wlm_usage.sampled(session),
+    }
     return render(request, "ui/tenancy.html", context, etag=True)
 
 
@@ -347,5 +386,3 @@ def pxe_page(request: Request, me: Me, session: SessionDep) -> Response:
         "images": sorted({i.name for i in images.listing(session) if i.state == "ready"}),
     }
     return render(request, "ui/pxe.html", context, etag=True)
-
-

@@ -70,7 +70,9 @@ signed_out = DenyList()
 
 def issue(state_dir: Path, token_id: int, now: float | None = None) -> tuple[str, SessionRef]:
     """A new cookie value for ``token_id``, valid for :data:`LIFETIME_S`."""
-    ref = SessionRef(token_id, int(now if now is not None else time.time()) + LIFETIME_S, secrets.token_hex(16))
+    ref = SessionRef(
+        token_id, int(now if now is not None else time.time()) + LIFETIME_S, secrets.token_hex(16)
+    )
     body = f"{ref.token_id}.{ref.expires}.{ref.nonce}"
     return f"{body}.{_mac(state_dir, 'session|' + body)}", ref
 

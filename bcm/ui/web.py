@@ -207,4 +207,3 @@ async def read_form(request: Request) -> dict[str, str]:
     if selected:
         form["selected"] = ",".join(selected)
     return form
-

@@ -74,7 +74,10 @@ def prune(engine: Engine, audit: AuditSettings, now: datetime | None = None) -> 
         if result.over_count < excess:
             log.warning(
                 "audit log holds %d events, over audit.max_events=%d: the rest are people's actions inside "
-                "the retention of %g days, kept", total - result.over_count, audit.max_events, audit.retention_days
+                "the retention of %g days, kept",
+                total - result.over_count,
+                audit.max_events,
+                audit.retention_days,
             )
     return result
 

@@ -42,12 +42,22 @@ def request(plan: svc.JoinPlan) -> WlmDeployRequest:
     nodes = fold_hostlist(plan.nodes())
     verify = bool(plan.joining)
     if plan.kind == "kubernetes":
-        return KubernetesDeployRequest(name=plan.cluster, controller=plan.controller, nodes=nodes, verify=verify,
-                                       settings=k8s.KubernetesSettings.model_validate(plan.settings))  # fmt: skip
+        return KubernetesDeployRequest(
+            name=plan.cluster,
+            controller=plan.controller,
+            nodes=nodes,
+            verify=verify,
+            settings=k8s.KubernetesSettings.model_validate(plan.settings),
+        )
     from bcm.domain.slurm import SlurmSettings
 
-    return SlurmDeployRequest(name=plan.cluster, controller=plan.controller, nodes=nodes, verify=verify,
-                              settings=SlurmSettings.model_validate(plan.settings))  # fmt: skip
+    return SlurmDeployRequest(
+        name=plan.cluster,
+        controller=plan.controller,
+        nodes=nodes,
+        verify=verify,
+        settings=SlurmSettings.model_validate(plan.settings),
+    )
 
 
 class AutoJoin:
@@ -73,8 +83,12 @@ class AutoJoin:
             if plan.missing:
                 if plan.cluster not in self.told:
                     self.told.add(plan.cluster)
-                    log.warning("zero-touch: %s wait to join %s: %s", fold_hostlist(plan.joining), plan.cluster,
-                                plan.missing)  # fmt: skip
+                    log.warning(
+                        "zero-touch: %s wait to join %s: %s",
+                        fold_hostlist(plan.joining),
+                        plan.cluster,
+                        plan.missing,
+                    )
                     await anyio.to_thread.run_sync(self._event, plan, f"wait to join: {plan.missing}")
                 continue
             self.told.discard(plan.cluster)
@@ -87,21 +101,32 @@ class AutoJoin:
             if not plan.nodes():
                 if plan.cluster not in self.told:
                     self.told.add(plan.cluster)
-                    log.warning("zero-touch: %s leave %s, which would have no node left: not deployed",
-                                fold_hostlist(list(plan.leaving)), plan.cluster)  # fmt: skip
+                    log.warning(
+                        "zero-touch: %s leave %s, which would have no node left: not deployed",
+                        fold_hostlist(list(plan.leaving)),
+                        plan.cluster,
+                    )
                 continue
             try:
                 req = request(plan)
-                started_op = await wlm_worker.start_deploy(self.runner, plan.kind, req, ACTOR,
-                                                           joining=plan.joining or None)  # fmt: skip
+                started_op = await wlm_worker.start_deploy(
+                    self.runner, plan.kind, req, ACTOR, joining=plan.joining or None
+                )
             except BcmError as exc:  # locked, deploying: the next round tries again
-                log.info("zero-touch: %s join %s later: %s", fold_hostlist(plan.joining), plan.cluster, exc.message)
+                log.info(
+                    "zero-touch: %s join %s later: %s", fold_hostlist(plan.joining), plan.cluster, exc.message
+                )
                 self.next_try[plan.cluster] = now + TICK_S * 2
                 continue
             self.next_try[plan.cluster] = now + RETRY_S
             started.append(started_op.operation_id)
-            log.info("zero-touch: %s join %s, %s leave (operation %s)", fold_hostlist(plan.joining) or "none",
-                     plan.cluster, fold_hostlist(list(plan.leaving)) or "none", started_op.operation_id)  # fmt: skip
+            log.info(
+                "zero-touch: %s join %s, %s leave (operation %s)",
+                fold_hostlist(plan.joining) or "none",
+                plan.cluster,
+                fold_hostlist(list(plan.leaving)) or "none",
+                started_op.operation_id,
+            )
         return started
 
     def _event(self, plan: svc.JoinPlan, message: str) -> None:

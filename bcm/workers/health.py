@@ -110,8 +110,13 @@ class HealthWorker:
 
     def start(self) -> None:
         if self.task is None:
-            passes = supervise("health drains and staleness", self.one_pass, self.settings.health.interval_s,
-                               wake=self._wake, logger=log)  # fmt: skip
+            passes = supervise(
+                "health drains and staleness",
+                self.one_pass,
+                self.settings.health.interval_s,
+                wake=self._wake,
+                logger=log,
+            )
             self.task = asyncio.create_task(passes, name="bcm-health")
 
     def kick(self) -> None:

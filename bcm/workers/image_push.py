@@ -54,7 +54,9 @@ async def start(
     mode = "apply" if apply else "dry run"
 
     spec = {"image": source.name, "version": source.version, "apply": apply}
-    op_id = await runner.submit("image-push", names, actor, f"{source.name}:{source.version} ({mode})", spec=spec)
+    op_id = await runner.submit(
+        "image-push", names, actor, f"{source.name}:{source.version} ({mode})", spec=spec
+    )
     return source.version, op_id
 
 
@@ -70,7 +72,15 @@ async def _run(job: Job) -> None:
 
     source = await anyio.to_thread.run_sync(check)
     chain = await anyio.to_thread.run_sync(load_chain, settings, source.recipe)
-    await push_job(job, job.op_id, job.names, source, image_recipe.push_excludes(chain), bool(job.spec["apply"]), job.actor)
+    await push_job(
+        job,
+        job.op_id,
+        job.names,
+        source,
+        image_recipe.push_excludes(chain),
+        bool(job.spec["apply"]),
+        job.actor,
+    )
 
 
 HANDLER = Handler(_run, timeout=operation_timeout_s)

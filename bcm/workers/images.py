@@ -134,7 +134,12 @@ async def build_job(runner: Job, op_id: int, image_id: int, chain: list[image_re
             shutil.rmtree(staging)
         staging.parent.mkdir(parents=True, exist_ok=True)
         result = imagebuild.build(
-            chain, settings.images.cache_dir, staging, on_line, on_progress, timeout_s=settings.images.build_timeout_s
+            chain,
+            settings.images.cache_dir,
+            staging,
+            on_line,
+            on_progress,
+            timeout_s=settings.images.build_timeout_s,
         )
         on_line("verifying artifacts")
         imagebuild.verify(staging, result.artifacts)
@@ -147,7 +152,13 @@ async def build_job(runner: Job, op_id: int, image_id: int, chain: list[image_re
             image = s.get(svc.Image, image_id)
             assert image is not None
             final = svc.publish(
-                s, image, staging, settings.images_dir, result.artifacts, result.manifest, settings.images.keep_versions
+                s,
+                image,
+                staging,
+                settings.images_dir,
+                result.artifacts,
+                result.manifest,
+                settings.images.keep_versions,
             )
             op.progress_done = PROGRESS_STEPS
             op.log = _bounded(op.log + f"published {name} version {version} in {final}; it is current\n")

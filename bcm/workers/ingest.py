@@ -196,9 +196,9 @@ class IngestQueue:
                 )
         except Exception:  # write_batch answers every report itself; this is the hand-over failing
             log.exception("health ingest of %d reports could not be handed to a writer", len(batch))
-            results = [Unavailable("health ingest failed; send the report again", retry_after=RETRY_AFTER_S)] * len(
-                batch
-            )
+            results = [
+                Unavailable("health ingest failed; send the report again", retry_after=RETRY_AFTER_S)
+            ] * len(batch)
         finally:
             self._busy_tokens.difference_update(item.token for item in batch)
         self.batches += 1
@@ -222,12 +222,14 @@ class IngestQueue:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, _writer_batch, pairs)
         except BrokenProcessPool:
-            log.error("a health ingest process died; %d reports get a 503, a new process takes over", len(pairs))
+            log.error(
+                "a health ingest process died; %d reports get a 503, a new process takes over", len(pairs)
+            )
             self._pool.shutdown(wait=False)
             self._pool = None
-            return [Unavailable("health ingest restarted; send the report again", retry_after=RETRY_AFTER_S)] * len(
-                pairs
-            )
+            return [
+                Unavailable("health ingest restarted; send the report again", retry_after=RETRY_AFTER_S)
+            ] * len(pairs)
 
 
 # --- the writer: the same code in a worker thread of the server or in a process of its own -----------
@@ -272,7 +274,9 @@ def _write_one(engine: Engine, settings: Settings, item: tuple[str, HealthReport
         return err
 
 
-def _write_once(engine: Engine, settings: Settings, batch: list[tuple[str, HealthReport | BcmError]]) -> list[Answer]:
+def _write_once(
+    engine: Engine, settings: Settings, batch: list[tuple[str, HealthReport | BcmError]]
+) -> list[Answer]:
     with session_scope(engine) as session:
         tokens = auth.node_tokens(session, [token for token, _ in batch], utcnow() - TOKEN_TOUCH_EVERY)
         results: list[Answer | None] = []
@@ -304,7 +308,9 @@ def die_with(server_pid: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            log.warning("health writer %d: prctl(PR_SET_PDEATHSIG) failed (errno %d)", os.getpid(), ctypes.get_errno())
+            log.warning(
+                "health writer %d: prctl(PR_SET_PDEATHSIG) failed (errno %d)", os.getpid(), ctypes.get_errno()
+            )
     except (OSError, AttributeError) as exc:  # not Linux
         log.warning("health writer %d cannot follow its server's death: %s", os.getpid(), exc)
     if os.getppid() != server_pid:

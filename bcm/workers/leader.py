@@ -62,7 +62,9 @@ STOP_GRACE_S = 5.0  # leader work is given this long to stop before it is left b
 SERVER_FORGOTTEN_S = 3600.0  # a server row silent this long is removed by the leader
 
 # (server id, epoch) while code runs as the leader's work; None elsewhere
-_EPOCH: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("bcm_leader_epoch", default=None)
+_EPOCH: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+    "bcm_leader_epoch", default=None
+)
 
 
 class Fenced(Conflict):
@@ -178,7 +180,9 @@ def db_now(session: Session) -> datetime:
     return utcnow()
 
 
-def elect(engine: Engine, me: str, address: str, lease_s: float, *, leading: bool, take: bool = False) -> Lease:
+def elect(
+    engine: Engine, me: str, address: str, lease_s: float, *, leading: bool, take: bool = False
+) -> Lease:
     """One round, one transaction: heartbeat ``me`` and take or extend the lease if it is free or ours
     (or, with ``take``, whoever holds it: SQLite's one server at its start, its predecessor being dead)."""
     with session_scope(engine) as s:
@@ -203,8 +207,12 @@ def elect(engine: Engine, me: str, address: str, lease_s: float, *, leading: boo
         elif take or row.holder is None or row.expires_at is None or row.expires_at <= now:
             previous = row.holder
             row.holder, row.epoch, row.acquired_at, row.expires_at = me, row.epoch + 1, now, expires
-            log.warning("this server (%s) is now the leader, epoch %d%s", me, row.epoch,
-                        f", after {previous}" if previous else "")  # fmt: skip
+            log.warning(
+                "this server (%s) is now the leader, epoch %d%s",
+                me,
+                row.epoch,
+                f", after {previous}" if previous else "",
+            )
         else:
             return Lease(None, row.holder, row.epoch, row.expires_at)
         s.add(row)
@@ -291,9 +299,19 @@ class Leash:
             return
         self.beat(at)
         self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
-            [sys.executable, "-c", LEASH, str(self.beat_file), str(self.conf), str(self.limit_s), str(os.getpid())],
-            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                LEASH,
+                str(self.beat_file),
+                str(self.conf),
+                str(self.limit_s),
+                str(os.getpid()),
+            ],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def stop(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -383,10 +401,16 @@ class Leadership:
         try:
             with anyio.fail_after(self.lease_s * LOCAL_MARGIN):
                 lease = await anyio.to_thread.run_sync(
-                    lambda: elect(self.engine, self.me, self.address, self.lease_s, leading=self.leading,
-                                  take=self._first and self.engine.dialect.name == "sqlite"),
+                    lambda: elect(
+                        self.engine,
+                        self.me,
+                        self.address,
+                        self.lease_s,
+                        leading=self.leading,
+                        take=self._first and self.engine.dialect.name == "sqlite",
+                    ),
                     abandon_on_cancel=True,
-                )  # fmt: skip
+                )
         except Exception as exc:
             if not self._failing:  # logged once per outage
                 log.warning("leader lease round failed (%s); retrying", type(exc).__name__)
@@ -426,7 +450,9 @@ class Leadership:
         except Exception:
             log.exception("starting the leader's work failed")
         if previous is not None:  # a failover, not a start: the audit log says so
-            await self._record("ha.leader", f"leads with epoch {epoch} at {self.address}, after {previous}", epoch)
+            await self._record(
+                "ha.leader", f"leads with epoch {epoch} at {self.address}, after {previous}", epoch
+            )
 
     async def _record(self, action: str, message: str, epoch: int) -> None:
         """An audit event written as the leader's work of ``epoch``: refused (fenced) once a newer leader
@@ -441,7 +467,9 @@ class Leadership:
         ctx.run(_EPOCH.set, (self.me, epoch))
         try:
             with anyio.fail_after(STOP_GRACE_S):
-                await asyncio.create_task(anyio.to_thread.run_sync(write, abandon_on_cancel=True), context=ctx)
+                await asyncio.create_task(
+                    anyio.to_thread.run_sync(write, abandon_on_cancel=True), context=ctx
+                )
         except Fenced as exc:
             log.warning("%s not recorded: %s", action, exc.message)
         except Exception as exc:
@@ -457,12 +485,18 @@ class Leadership:
         from bcm.workers import wlm as wlm_worker
 
         app, engine, settings = self.app, self.engine, self.settings
-        log.info("leader work starts (epoch %s): dnsmasq, provisioning, health, WLM sync, power poll, pruning",
-                 self.epoch)  # fmt: skip
+        log.info(
+            "leader work starts (epoch %s): dnsmasq, provisioning, health, WLM sync, power poll, pruning",
+            self.epoch,
+        )
         app.state.provisioner.start()
         app.state.health.start()
-        wlm_sync = supervise("workload-manager sync", lambda: wlm_worker.sync_all(engine, settings),
-                             settings.wlm.sync_interval_s, logger=wlm_worker.log)  # fmt: skip
+        wlm_sync = supervise(
+            "workload-manager sync",
+            lambda: wlm_worker.sync_all(engine, settings),
+            settings.wlm.sync_interval_s,
+            logger=wlm_worker.log,
+        )
         joiner = autojoin.AutoJoin(engine, settings, app.state.runner)
         joins = supervise("zero-touch join", joiner.tick, autojoin.TICK_S, logger=autojoin.log)
         for name, coro in (

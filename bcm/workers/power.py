@@ -38,8 +38,12 @@ log = logging.getLogger("bcm.power")
 FLUSH_EVERY_S = 0.5
 POLL_PAGE = 500
 POLL_ACTOR = "bcm:power"
-_EXPECT = {PowerAction.ON: PowerState.ON, PowerAction.OFF: PowerState.OFF, PowerAction.CYCLE: PowerState.ON,
-           PowerAction.PXE: PowerState.ON}  # fmt: skip
+_EXPECT = {
+    PowerAction.ON: PowerState.ON,
+    PowerAction.OFF: PowerState.OFF,
+    PowerAction.CYCLE: PowerState.ON,
+    PowerAction.PXE: PowerState.ON,
+}
 
 
 def limits(settings: Settings) -> CallLimits:
@@ -182,7 +186,9 @@ async def run_operation(
     await anyio.to_thread.run_sync(finish)
 
 
-async def start(runner: Starter, action: PowerAction, names: list[str], actor: str, reason: str | None) -> int:
+async def start(
+    runner: Starter, action: PowerAction, names: list[str], actor: str, reason: str | None
+) -> int:
     """Start a power operation; the nodes are locked until every BMC answered or timed out."""
     return await runner.submit(f"power-{action.value}", names, actor, reason)
 
@@ -223,5 +229,6 @@ async def poll_loop(engine: Engine, settings: Settings) -> None:
     interval = settings.power.poll_interval_s
     if interval <= 0:
         return
-    await supervise("power state poll", lambda: poll_once(engine, settings), interval, first_delay_s=interval,
-                    logger=log)  # fmt: skip
+    await supervise(
+        "power state poll", lambda: poll_once(engine, settings), interval, first_delay_s=interval, logger=log
+    )

@@ -62,7 +62,9 @@ async def provision_verb(
 
 
 class Provisioner:
-    def __init__(self, engine: Engine, settings: Settings, runner: Any, dhcp: dnsmasq.Supervisor | None) -> None:
+    def __init__(
+        self, engine: Engine, settings: Settings, runner: Any, dhcp: dnsmasq.Supervisor | None
+    ) -> None:
         self.engine, self.settings, self.runner, self.dhcp = engine, settings, runner, dhcp
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -129,7 +131,9 @@ class Provisioner:
 async def _pxe_step(job: Job) -> None:
     """The ``provision`` operation: next boot PXE and a power cycle through each BMC; a BMC that refuses
     fails its node's provisioning."""
-    await power_worker.run_operation(job.engine, job.settings, job.op_id, job.names, PowerAction.PXE, job.actor)
+    await power_worker.run_operation(
+        job.engine, job.settings, job.op_id, job.names, PowerAction.PXE, job.actor
+    )
 
     def fail_refused() -> None:
         with session_scope(job.engine) as s:
@@ -137,8 +141,11 @@ async def _pxe_step(job: Job) -> None:
             for node in node_svc.get_many(s, job.names):
                 r = results.get(node.name) or {"status": "error", "message": "no answer recorded"}
                 if r.get("status") != "ok" and node.provision_state == State.PROVISIONING.value:
-                    pxe.fail(s, node, f"provisioning: PXE power-cycle failed ({r.get('status')}): "
-                             f"{r.get('message', '')}")  # fmt: skip
+                    pxe.fail(
+                        s,
+                        node,
+                        f"provisioning: PXE power-cycle failed ({r.get('status')}): {r.get('message', '')}",
+                    )
 
     await anyio.to_thread.run_sync(fail_refused)
 

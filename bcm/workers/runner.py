@@ -158,7 +158,10 @@ class Runner:
                 assert handler is not None
                 held = op_svc.relock(s, op, left, until, now)
                 lost = {
-                    n: {"status": "locked", "message": "another operation locked it while this one's server was away"}
+                    n: {
+                        "status": "locked",
+                        "message": "another operation locked it while this one's server was away",
+                    }
                     for n in left
                     if n not in held
                 }
@@ -168,7 +171,15 @@ class Runner:
                 if names and not held:
                     op_svc.finish(s, op)
                     continue
-                job = Job(self.engine, self.settings, op.id, held, op.created_by or "bcm", dict(op.spec or {}), op.claims)
+                job = Job(
+                    self.engine,
+                    self.settings,
+                    op.id,
+                    held,
+                    op.created_by or "bcm",
+                    dict(op.spec or {}),
+                    op.claims,
+                )
                 out.append((job, handler, (deadline - now).total_seconds()))
         return out
 
@@ -361,5 +372,3 @@ class Runner:
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
-
-

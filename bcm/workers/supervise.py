@@ -48,15 +48,24 @@ async def supervise(
             await one_pass()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # never the exception text at error level: it may carry a statement's parameters
+        except (
+            Exception
+        ) as exc:  # never the exception text at error level: it may carry a statement's parameters
             failures += 1
             delay = min(max(delay, interval_s) * 2, max(max_backoff_s, interval_s))
             if failures == 1:
-                logger.error("%s failed (%s); retrying in %g s, again while it fails", name, type(exc).__name__, delay)
+                logger.error(
+                    "%s failed (%s); retrying in %g s, again while it fails", name, type(exc).__name__, delay
+                )
                 logger.debug("%s failure", name, exc_info=True)
             else:
-                logger.debug("%s failed again (%s, %d in a row); retrying in %g s", name, type(exc).__name__,
-                             failures, delay)  # fmt: skip
+                logger.debug(
+                    "%s failed again (%s, %d in a row); retrying in %g s",
+                    name,
+                    type(exc).__name__,
+                    failures,
+                    delay,
+                )
             continue
         if failures:
             logger.warning("%s works again after %d failed passes", name, failures)
@@ -64,7 +73,9 @@ async def supervise(
         delay = interval_s
 
 
-async def _wait(delay: float, wake: asyncio.Event | None, sleep: Callable[[float], Awaitable[None]] | None) -> None:
+async def _wait(
+    delay: float, wake: asyncio.Event | None, sleep: Callable[[float], Awaitable[None]] | None
+) -> None:
     if sleep is not None:
         await sleep(delay)
         return

@@ -111,7 +111,9 @@ async def _apply_run(job: Job) -> None:
     await anyio.to_thread.run_sync(_record, job, done, result, None)
 
 
-def _record(job: Job, results: dict[str, dict[str, Any]], outcome: dict[str, Any] | None, error: str | None) -> None:
+def _record(
+    job: Job, results: dict[str, dict[str, Any]], outcome: dict[str, Any] | None, error: str | None
+) -> None:
     with session_scope(job.engine) as s:
         op = op_svc.get(s, job.op_id)
         changes = len(outcome["changes"]) if outcome else 0
@@ -172,4 +174,3 @@ async def usage(engine: Engine, settings: Settings, project: str) -> dict[str, A
     )
     found = figures.get(project)
     return {"cluster": got["cluster"], **asdict(found)} if found else None
-

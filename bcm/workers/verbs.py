@@ -57,7 +57,9 @@ async def node_verb(
     handler = HANDLERS.get(verb)
     if handler is not None and handler.moves_state:
         op_id = await runner.submit(verb, names, actor, reason)
-        return VerbResult(verb=verb, nodes=[{"name": n, "status": "started"} for n in names], operation_id=op_id)
+        return VerbResult(
+            verb=verb, nodes=[{"name": n, "status": "started"} for n in names], operation_id=op_id
+        )
     if verb in ("drain", "resume"):
         await _through_workload_manager(runner, verb, names, actor, reason)
     moved = await anyio.to_thread.run_sync(_apply, runner, verb, names, actor, reason)
@@ -85,7 +87,9 @@ async def _through_workload_manager(
         await wlm.resume(runner.engine, runner.settings, in_wlm, actor)
 
 
-def _apply(runner: Starter, verb: str, names: list[str], actor: str, reason: str | None) -> list[dict[str, Any]]:
+def _apply(
+    runner: Starter, verb: str, names: list[str], actor: str, reason: str | None
+) -> list[dict[str, Any]]:
     with session_scope(runner.engine) as s:
         nodes = node_svc.apply_verb(s, names, verb, actor, reason)
         if verb in ("drain", "resume") and actor != health_svc.ACTOR:

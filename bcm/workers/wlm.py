@@ -91,7 +91,9 @@ def _deploy_setup(s: Session, op: Operation, extra: Any) -> list[str]:
     members = svc.member_names(s, row)
     svc.keep_secrets(state_dir, kind, req)  # the secrets stay on disk, never in clear in the operation's spec
     carry_secrets(op, state_dir, req)
-    op.log = f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {fold_hostlist(members)} by {actor}\n"
+    op.log = (
+        f"deploy {kind} cluster {row.name}: controller {ctl}, nodes {fold_hostlist(members)} by {actor}\n"
+    )
     row.last_deploy_op = op.id
     s.add(row)
     return list(dict.fromkeys([ctl, *members]))
@@ -151,8 +153,13 @@ async def _deploy(runner: Job, op_id: int, req: _DeploySpec, actor: str) -> None
     manager, p = await anyio.to_thread.run_sync(plan)
     ssh = _ssh(settings)
     ctl_host = next(h for h in p.hosts if h.name == p.controller)
-    ctl_target = wlm.Controller(ctl_host.name, ctl_host.address, settings.ssh.port, ctl_host.host_key,
-                                svc.secrets_dir(settings.state_dir, req.name))  # fmt: skip
+    ctl_target = wlm.Controller(
+        ctl_host.name,
+        ctl_host.address,
+        settings.ssh.port,
+        ctl_host.host_key,
+        svc.secrets_dir(settings.state_dir, req.name),
+    )
     probe = await ssh.run_one(ctl_target, "true")
     if not probe.ok:
         reason = f"controller {p.controller} unreachable: {probe.status.value}: {probe.error}"
@@ -238,8 +245,12 @@ async def _deploy(runner: Job, op_id: int, req: _DeploySpec, actor: str) -> None
         await anyio.to_thread.run_sync(
             _record_hosts, engine, op_id, req.name, p, per_host, error, actor, log_text, set(req.joining)
         )
-        why = error or "; ".join(f"{n}: {per_host.get(n, {}).get('error') or 'not deployed'}" for n in req.joining)
-        await anyio.to_thread.run_sync(_fail_joining, engine, list(req.joining), f"zero-touch join failed: {why}")
+        why = error or "; ".join(
+            f"{n}: {per_host.get(n, {}).get('error') or 'not deployed'}" for n in req.joining
+        )
+        await anyio.to_thread.run_sync(
+            _fail_joining, engine, list(req.joining), f"zero-touch join failed: {why}"
+        )
         await anyio.to_thread.run_sync(_finish_op, engine, op_id, error or why)
         return
     await anyio.to_thread.run_sync(
@@ -273,11 +284,15 @@ async def _verify_joining(
     lines = []
     for n in joining:
         if per_host.get(n, {}).get("status") != "ok":
-            failed[n] = f"zero-touch join failed: deploy: {per_host.get(n, {}).get('error') or 'not deployed'}"
+            failed[n] = (
+                f"zero-touch join failed: deploy: {per_host.get(n, {}).get('error') or 'not deployed'}"
+            )
             lines.append(f"join {n}: not deployed\n")
             continue
         try:
-            result = await manager.verify(client, target, [n], timeout_s=VERIFY_TIMEOUT_S, gpus=n in with_gpus)
+            result = await manager.verify(
+                client, target, [n], timeout_s=VERIFY_TIMEOUT_S, gpus=n in with_gpus
+            )
         except DriverError as exc:
             result = wlm.VerifyResult(False, exc.message)
         lines.append(f"verify {n}: {'passed' if result.ok else 'FAILED'}: {result.message}\n")
@@ -292,8 +307,12 @@ async def _verify_joining(
             for n, why in failed.items():
                 svc.fail_joining(s, [n], why, actor)
             op = op_svc.get(s, op_id)
-            results = {n: {"status": "failed", "error": failed[n][:500]} if n in failed else {"status": "ok", "joined": True}
-                       for n in joining}  # fmt: skip
+            results = {
+                n: {"status": "failed", "error": failed[n][:500]}
+                if n in failed
+                else {"status": "ok", "joined": True}
+                for n in joining
+            }
             op_svc.add_results(s, op, results, "".join(lines))
 
     await anyio.to_thread.run_sync(record)
@@ -340,7 +359,12 @@ def _store_states(engine: Engine, name: str, states: dict[str, str]) -> None:
 
 
 async def _settle_states(
-    manager: wlm.WorkloadManager, ssh: SshClient, target: Target, engine: Engine, name: str, members: list[str]
+    manager: wlm.WorkloadManager,
+    ssh: SshClient,
+    target: Target,
+    engine: Engine,
+    name: str,
+    members: list[str],
 ) -> None:
     """The members' states once the verification job has let go of them (bounded by SETTLE_S), stored:
     a periodic sync that ran during the job saw them allocated, and the next may be half a minute away."""
@@ -392,7 +416,9 @@ async def _verify_run(job: Job) -> None:
 
 
 # a verification job is not taken up again: its verdict would mix two runs
-VERIFY = Handler(_verify_run, timeout=lambda _s, _n: VERIFY_TIMEOUT_S + 120, setup=_verify_setup, resumable=False)
+VERIFY = Handler(
+    _verify_run, timeout=lambda _s, _n: VERIFY_TIMEOUT_S + 120, setup=_verify_setup, resumable=False
+)
 
 
 async def _verify(runner: Job, op_id: int, name: str, actor: str, *, record_on_op: bool) -> wlm.VerifyResult:

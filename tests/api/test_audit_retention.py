@@ -57,8 +57,9 @@ def test_unauthenticated_refusals_are_one_event_a_minute_per_client_then_a_summa
 ) -> None:
     with Session(engine) as s:
         for _ in range(456):  # one client's burst
-            events.record_unauthenticated(s, "boot", "boot.token.refused", "52:54:00:00:00:01", "refused",
-                                          source="198.18.0.9")  # fmt: skip
+            events.record_unauthenticated(
+                s, "boot", "boot.token.refused", "52:54:00:00:00:01", "refused", source="198.18.0.9"
+            )
         events.record_unauthenticated(s, "boot", "boot.token.refused", "x", "refused", source="198.18.0.10")
         s.commit()
         assert len(list(s.exec(select(Event)))) == 2  # one per client

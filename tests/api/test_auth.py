@@ -69,8 +69,16 @@ def test_bootstrap_token_file_is_private(settings: Any, api: Any) -> None:
 # probes reveal nothing but up/ready; boot artifacts are what PXE clients fetch (images hold no secrets)
 # boot endpoints that reveal no secret (the overlay and the callback take a one-time boot token instead);
 # the API's CA certificate is public (`bcm ca fetch` checks it by fingerprint)
-PUBLIC = {"/healthz", "/readyz", "/leaderz", "/boot/v1/images/{name}/{version}/{filename}", "/boot/v1/ipxe/boot.ipxe",
-          "/boot/v1/ipxe/{mac}", "/boot/v1/discover", "/boot/v1/ca.pem"}
+PUBLIC = {
+    "/healthz",
+    "/readyz",
+    "/leaderz",
+    "/boot/v1/images/{name}/{version}/{filename}",
+    "/boot/v1/ipxe/boot.ipxe",
+    "/boot/v1/ipxe/{mac}",
+    "/boot/v1/discover",
+    "/boot/v1/ca.pem",
+}
 
 
 def routes(api: Any) -> list[tuple[str, str]]:

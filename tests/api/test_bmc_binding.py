@@ -138,9 +138,13 @@ def poll(engine: Any, settings: Any) -> None:
 
 
 def test_an_operator_cannot_send_a_nodes_password_to_a_host_of_their_own(
-    api: Any, engine: Any, settings: Any, bmcs: dict[str, bmc.BmcSpec], listeners: dict[str, Listener],
+    api: Any,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, bmc.BmcSpec],
+    listeners: dict[str, Listener],
     fast_power: Any,
-) -> None:  # fmt: skip
+) -> None:
     register(api, "v1", bmcs["redfish"])
     register(api, "v2", bmcs["ipmi"])
     assert api.put("/api/v1/nodes/bmc-password", json={"nodes": "v[1-2]", "password": PASSWORD}).json() == {
@@ -150,7 +154,10 @@ def test_an_operator_cannot_send_a_nodes_password_to_a_host_of_their_own(
     op = status_as(api, operator, "v[1-2]")
     assert {n: r["status"] for n, r in op["results"].items()} == {"v1": "ok", "v2": "ok"}, op
 
-    bound = {"v1": f"redfish+https://127.0.0.1:{bmcs['redfish'].port}", "v2": f"ipmi://127.0.0.1:{bmcs['ipmi'].port}"}
+    bound = {
+        "v1": f"redfish+https://127.0.0.1:{bmcs['redfish'].port}",
+        "v2": f"ipmi://127.0.0.1:{bmcs['ipmi'].port}",
+    }
     moves = [  # each: what the operator changes on which node; a listener would get the password
         ("v1", {"bmc_address": listeners["http"].address}),
         ("v1", {"bmc_address": listeners["https"].address}),
@@ -174,7 +181,12 @@ def test_an_operator_cannot_send_a_nodes_password_to_a_host_of_their_own(
     # back at the BMC the password was set for, it works again; nothing secret was shown on the way
     for name, spec in (("v1", bmcs["redfish"]), ("v2", bmcs["ipmi"])):
         body = {"bmc_address": spec.address, "bmc_protocol": spec.kind}
-        assert api.patch(f"/api/v1/nodes/{name}", json=body, headers={"Authorization": f"Bearer {operator}"}).status_code == 200
+        assert (
+            api.patch(
+                f"/api/v1/nodes/{name}", json=body, headers={"Authorization": f"Bearer {operator}"}
+            ).status_code
+            == 200
+        )
     op = status_as(api, operator, "v[1-2]")
     assert {n: r["status"] for n, r in op["results"].items()} == {"v1": "ok", "v2": "ok"}, op
     assert PASSWORD not in api.get("/api/v1/events").text
@@ -198,25 +210,47 @@ def test_what_viewers_read_does_not_tell_open_from_closed_ports(
         (f"127.0.0.1:{closed}", "ipmi"),
     ]:
         body = {"bmc_address": address, "bmc_protocol": protocol}
-        assert api.patch("/api/v1/nodes/v1", json=body, headers={"Authorization": f"Bearer {operator}"}).status_code == 200
+        assert (
+            api.patch(
+                "/api/v1/nodes/v1", json=body, headers={"Authorization": f"Bearer {operator}"}
+            ).status_code
+            == 200
+        )
         op_id = power(api, "status", "v1", Authorization=f"Bearer {operator}").json()["operation_id"]
         wait_op(api, op_id)
         op = api.get(f"/api/v1/operations/{op_id}", headers={"Authorization": f"Bearer {viewer}"}).json()
         result = op["results"]["v1"]
         port = address.rsplit(":", 1)[1]
-        seen.add((result["status"], result["message"].replace(port, "PORT").replace("redfish+https", "SCHEME")
-                  .replace("redfish+http", "SCHEME").replace("ipmi", "SCHEME")))  # fmt: skip
+        seen.add(
+            (
+                result["status"],
+                result["message"]
+                .replace(port, "PORT")
+                .replace("redfish+https", "SCHEME")
+                .replace("redfish+http", "SCHEME")
+                .replace("ipmi", "SCHEME"),
+            )
+        )
     assert len(seen) == 1 and next(iter(seen))[0] == "no_bmc", seen
     assert all(listener.contacts == 0 for listener in listeners.values())
 
 
 def test_a_category_password_goes_only_to_the_bmcs_its_nodes_had_when_an_admin_set_it(
-    api: Any, engine: Any, settings: Any, bmcs: dict[str, bmc.BmcSpec], listeners: dict[str, Listener],
+    api: Any,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, bmc.BmcSpec],
+    listeners: dict[str, Listener],
     fast_power: Any,
-) -> None:  # fmt: skip
+) -> None:
     body = {"name": "rack1", "bmc_protocol": "redfish", "bmc_user": "admin"}
     assert api.post("/api/v1/categories", json=body).status_code == 201
-    assert api.post("/api/v1/nodes", json={"name": "c1", "category": "rack1", "bmc_address": bmcs["redfish"].address}).status_code == 201
+    assert (
+        api.post(
+            "/api/v1/nodes", json={"name": "c1", "category": "rack1", "bmc_address": bmcs["redfish"].address}
+        ).status_code
+        == 201
+    )
     assert api.put("/api/v1/categories/rack1/bmc-password", json={"password": PASSWORD}).status_code == 200
     operator = make_token(api, "operator")
     as_operator = {"Authorization": f"Bearer {operator}"}
@@ -225,16 +259,30 @@ def test_a_category_password_goes_only_to_the_bmcs_its_nodes_had_when_an_admin_s
     # a node the operator adds to the category, or moves into it, with an address of their choice
     new = {"name": "c2", "category": "rack1", "bmc_address": listeners["https"].address}
     assert api.post("/api/v1/nodes", json=new, headers=as_operator).status_code == 201
-    assert api.post("/api/v1/nodes", json={"name": "c3", "bmc_address": listeners["http"].address}, headers=as_operator).status_code == 201
+    assert (
+        api.post(
+            "/api/v1/nodes",
+            json={"name": "c3", "bmc_address": listeners["http"].address},
+            headers=as_operator,
+        ).status_code
+        == 201
+    )
     assert api.patch("/api/v1/nodes/c3", json={"category": "rack1"}, headers=as_operator).status_code == 200
     # and a member whose BMC the operator moves
-    assert api.patch("/api/v1/nodes/c1", json={"bmc_address": listeners["https"].address}, headers=as_operator).status_code == 200
+    assert (
+        api.patch(
+            "/api/v1/nodes/c1", json={"bmc_address": listeners["https"].address}, headers=as_operator
+        ).status_code
+        == 200
+    )
     results = status_as(api, operator, "c[1-3]")["results"]
     assert {n: r["status"] for n, r in results.items()} == {"c1": "no_bmc", "c2": "no_bmc", "c3": "no_bmc"}
     assert "(from category rack1) were not set for it" in results["c2"]["message"]
     assert "(from category rack1) were set for redfish+https://127.0.0.1:" in results["c1"]["message"]
-    assert all("an admin must set them again (bcm power set-category rack1 --password-stdin" in r["message"]
-               for r in results.values())  # fmt: skip
+    assert all(
+        "an admin must set them again (bcm power set-category rack1 --password-stdin" in r["message"]
+        for r in results.values()
+    )
     poll(engine, settings)
     for listener in listeners.values():
         assert listener.contacts == 0 and not listener.got_password(), listener.kind
@@ -252,7 +300,11 @@ def test_a_category_password_goes_only_to_the_bmcs_its_nodes_had_when_an_admin_s
     assert api.put("/api/v1/categories/rack1/bmc-password", json={"password": PASSWORD}).status_code == 200
     assert pins() == {"c1": None, "c2": None, "c3": None}
     results = status_as(api, operator, "c[1-3]")["results"]
-    assert {n: r["status"] for n, r in results.items()} == {"c1": "auth_failed", "c2": "auth_failed", "c3": "no_bmc"}
+    assert {n: r["status"] for n, r in results.items()} == {
+        "c1": "auth_failed",
+        "c2": "auth_failed",
+        "c3": "no_bmc",
+    }
     assert "plain http" in results["c3"]["message"]  # rack1 does not allow http
     assert listeners["https"].got_password()  # where the admin said it may go
 
@@ -261,9 +313,21 @@ def test_plain_http_needs_an_admins_permission_for_the_category(
     api: Any, engine: Any, settings: Any, listeners: dict[str, Listener], fast_power: Any
 ) -> None:
     http_bmc = listeners["http"]  # stands in for a BMC that only speaks http
-    assert api.post("/api/v1/categories", json={"name": "old", "bmc_protocol": "redfish", "bmc_user": "admin"}).status_code == 201
-    assert api.post("/api/v1/nodes", json={"name": "h1", "category": "old", "bmc_address": http_bmc.address}).status_code == 201
-    assert api.put("/api/v1/nodes/bmc-password", json={"nodes": "h1", "password": PASSWORD}).status_code == 200
+    assert (
+        api.post(
+            "/api/v1/categories", json={"name": "old", "bmc_protocol": "redfish", "bmc_user": "admin"}
+        ).status_code
+        == 201
+    )
+    assert (
+        api.post(
+            "/api/v1/nodes", json={"name": "h1", "category": "old", "bmc_address": http_bmc.address}
+        ).status_code
+        == 201
+    )
+    assert (
+        api.put("/api/v1/nodes/bmc-password", json={"nodes": "h1", "password": PASSWORD}).status_code == 200
+    )
     operator = make_token(api, "operator")
     as_operator = {"Authorization": f"Bearer {operator}"}
 
@@ -296,7 +360,15 @@ def test_plain_http_needs_an_admins_permission_for_the_category(
 def test_a_changed_bmc_certificate_is_refused_before_anything_is_sent(
     api: Any, engine: Any, settings: Any, fast_power: Any, tmp_path: Path
 ) -> None:
-    spec = bmc.BmcSpec("redfish", "m-tls", "127.0.0.1", free_port(socket.SOCK_STREAM), "admin", PASSWORD, str(tmp_path / "bmc"))
+    spec = bmc.BmcSpec(
+        "redfish",
+        "m-tls",
+        "127.0.0.1",
+        free_port(socket.SOCK_STREAM),
+        "admin",
+        PASSWORD,
+        str(tmp_path / "bmc"),
+    )
     bmc.write_machine(spec, [sys.executable, "-c", "import time; time.sleep(3600)", "machine-{boot}"])
     proc = bmc.start(spec)
     try:
@@ -310,7 +382,9 @@ def test_a_changed_bmc_certificate_is_refused_before_anything_is_sent(
         bmc.stop(proc.pid, spec.dir)
 
 
-def _pinned_then_impostor(api: Any, engine: Any, settings: Any, spec: bmc.BmcSpec, pid: int, tmp_path: Path) -> None:
+def _pinned_then_impostor(
+    api: Any, engine: Any, settings: Any, spec: bmc.BmcSpec, pid: int, tmp_path: Path
+) -> None:
     register(api, "t1", spec)
     api.put("/api/v1/nodes/bmc-password", json={"nodes": "t1", "password": PASSWORD})
     assert wait_op(api, power(api, "status", "t1").json()["operation_id"])["results"]["t1"]["status"] == "ok"
@@ -331,7 +405,9 @@ def _pinned_then_impostor(api: Any, engine: Any, settings: Any, spec: bmc.BmcSpe
         events = api.get("/api/v1/events", params={"action": "node.bmc_tls_changed"}).json()
         assert events and events[0]["target"] == "t1" and events[0]["severity"] == "warning"
         operator = make_token(api, "operator")
-        r = api.post("/api/v1/nodes/bmc-unpin", json={"nodes": "t1"}, headers={"Authorization": f"Bearer {operator}"})
+        r = api.post(
+            "/api/v1/nodes/bmc-unpin", json={"nodes": "t1"}, headers={"Authorization": f"Bearer {operator}"}
+        )
         assert r.status_code == 403
     finally:
         impostor.close()

@@ -83,7 +83,12 @@ def test_nul_is_refused_everywhere_naming_the_field(api: Any, engine: Engine) ->
     cases = [
         ("/api/v1/nodes", {"name": "z1", "comment": "a\u0000b"}, {}, "comment"),
         ("/boot/v1/discover", {"mac": MAC, "facts": facts}, {"Authorization": ""}, "facts.nics.0.name"),
-        ("/boot/v1/hello", {"mac": MAC, "host_key": "ssh-ed25519 \u0000"}, {"Authorization": "Bearer x"}, "host_key"),
+        (
+            "/boot/v1/hello",
+            {"mac": MAC, "host_key": "ssh-ed25519 \u0000"},
+            {"Authorization": "Bearer x"},
+            "host_key",
+        ),
         (REPORT_URL, rep, {"Authorization": f"Bearer {tok}"}, "gpus.0.uuid"),
     ]
     for path, body, headers, field in cases:
@@ -95,13 +100,21 @@ def test_nul_is_refused_everywhere_naming_the_field(api: Any, engine: Engine) ->
     r = api.post("/api/v1/nodes", json={"name": "z1", "comment": "\\u0000"})
     assert r.status_code == 201 and r.json()["comment"] == "\\u0000", r.text
     # a wrong token is still a 401 before the body's faults are told (the report route checks it first)
-    r = api.post(REPORT_URL, content=json.dumps(rep).encode(), headers={**JSON, "Authorization": "Bearer bcm_x"})
+    r = api.post(
+        REPORT_URL, content=json.dumps(rep).encode(), headers={**JSON, "Authorization": "Bearer bcm_x"}
+    )
     assert r.status_code == 401
 
 
 @pytest.mark.parametrize(
     ("text", "nul"),
-    [('"a"', False), ('"\\u0000"', True), ('"\\\\u0000"', False), ('"\\\\\\u0000"', True), ('"\\\\\\\\u0000"', False)],
+    [
+        ('"a"', False),
+        ('"\\u0000"', True),
+        ('"\\\\u0000"', False),
+        ('"\\\\\\u0000"', True),
+        ('"\\\\\\\\u0000"', False),
+    ],
 )
 def test_escaped_nul_is_told_from_an_escaped_backslash(text: str, nul: bool) -> None:
     assert has_escaped_nul(text.encode()) is nul
@@ -190,8 +203,15 @@ def _client_seen(settings: Settings, forwarded_for: str) -> str:
 
     proxy_headers, trusted = forwarding(settings)
     port = _free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            proxy_headers=proxy_headers, forwarded_allow_ips=trusted)  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        proxy_headers=proxy_headers,
+        forwarded_allow_ips=trusted,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -16,8 +16,9 @@ from bcm.db import session_scope
 from bcm.settings import Settings
 
 
-def test_a_download_over_the_limit_is_refused_before_any_query(api: TestClient, engine: Any,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_download_over_the_limit_is_refused_before_any_query(
+    api: TestClient, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     statements: list[str] = []  # on the image tables (the server's own loops query others meanwhile)
     sessions: list[Any] = []
 

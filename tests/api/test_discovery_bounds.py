@@ -44,7 +44,11 @@ def stored(engine: Any) -> list[str]:
 
 def refusals(engine: Any) -> list[Event]:
     with Session(engine) as s:
-        return [e for e in s.exec(select(Event).where(Event.action == "node.discovered")) if "refused" in e.message]
+        return [
+            e
+            for e in s.exec(select(Event).where(Event.action == "node.discovered"))
+            if "refused" in e.message
+        ]
 
 
 def noise(n: int) -> str:
@@ -77,7 +81,10 @@ def test_bad_facts_are_a_422_naming_the_field_and_store_nothing(
 
 def test_one_machines_facts_are_bounded_in_bytes(api: TestClient, engine: Any, settings: Any) -> None:
     settings.pxe.max_facts_bytes = 4096
-    big = {**FACTS, "pci_devices": [{"slot": f"0000:00:{i:02x}.0", "device_name": noise(200)} for i in range(20)]}
+    big = {
+        **FACTS,
+        "pci_devices": [{"slot": f"0000:00:{i:02x}.0", "device_name": noise(200)} for i in range(20)],
+    }
     for i in range(3):
         r = post(api, f"52:54:00:aa:00:0{i}", big)
         assert r.status_code == 422, r.text
@@ -102,7 +109,10 @@ def test_all_discovered_facts_are_bounded_in_bytes(api: TestClient, engine: Any,
     assert post(api, "52:54:00:aa:00:02", facts).status_code == 202
     assert len(refusals(engine)) == 1
     # assigning one makes room
-    assert api.post("/api/v1/discovered/assign", json={"mac": "52:54:00:aa:00:01", "name": "gpu01"}).status_code == 200
+    assert (
+        api.post("/api/v1/discovered/assign", json={"mac": "52:54:00:aa:00:01", "name": "gpu01"}).status_code
+        == 200
+    )
     assert post(api, "52:54:00:aa:00:03", facts).status_code == 202
 
 
@@ -110,8 +120,10 @@ def test_a_discovery_rule_names_only_so_many_machines_that_never_went_further(
     api: TestClient, engine: Any, settings: Any
 ) -> None:
     settings.pxe.max_rule_registered = 2
-    r = api.post("/api/v1/categories", json={"name": "dgx", "discover_mac_prefix": "52:54:00:aa",
-                                             "discover_names": "dgx[01-50]"})  # fmt: skip
+    r = api.post(
+        "/api/v1/categories",
+        json={"name": "dgx", "discover_mac_prefix": "52:54:00:aa", "discover_names": "dgx[01-50]"},
+    )
     assert r.status_code == 201, r.text
     answers = [post(api, f"52:54:00:aa:00:{i:02x}", FACTS).json() for i in range(1, 6)]
     assert [(a["node"], a["state"]) for a in answers] == [
@@ -126,8 +138,15 @@ def test_a_discovery_rule_names_only_so_many_machines_that_never_went_further(
     assert sum("never provisioned (limit 2); left discovered" in m for m in messages) == 3
     # a name the rule handed out is given back (the machine removed): the rule names the next machine
     assert api.delete("/api/v1/nodes", params={"nodes": "dgx02"}).status_code == 200
-    assert post(api, "52:54:00:aa:00:06", FACTS).json() == {"node": "dgx02", "state": "registered", "assigned": True,
-                                                          "provisioning": False}
+    assert post(api, "52:54:00:aa:00:06", FACTS).json() == {
+        "node": "dgx02",
+        "state": "registered",
+        "assigned": True,
+        "provisioning": False,
+    }
     # machines the admin registered in the category without the rule's MAC prefix do not count
-    assert api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03]", "category": "dgx"}).status_code in (200, 201)
+    assert api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03]", "category": "dgx"}).status_code in (
+        200,
+        201,
+    )
     assert post(api, "52:54:00:bb:00:01", FACTS).json()["state"] == "discovered"  # no rule matches this MAC

@@ -134,7 +134,10 @@ def test_fail_drains_holds_and_resumes_after_n_healthy_reports(hapi: Any, engine
         assert state_of(hapi, "gpu01") == "drained"
         # the GPU keeps failing for the reason it failed, carried from report to report while it holds
         gpu0 = hapi.get("/api/v1/nodes/gpu01/gpus").json()[0]
-        assert gpu0["verdict"] == "FAIL" and [x["code"] for x in gpu0["reasons"]][:2] == ["xid.79", "health.held"], i
+        assert gpu0["verdict"] == "FAIL" and [x["code"] for x in gpu0["reasons"]][:2] == [
+            "xid.79",
+            "health.held",
+        ], i
     r = post(hapi, tok, ok).json()
     assert r["verdict"] == "OK" and r["action"] == "resume"
     assert state_of(hapi, "gpu01") == "ready"
@@ -352,8 +355,11 @@ def test_metrics_need_a_viewer_token_and_use_dcgm_names(hapi: Any, engine: Engin
     assert health.endswith(" 3.0")
     assert 'bcm_node_health{Hostname="gpu01"} 3.0' in body
     # the ingest's own counters: one report written, in one transaction, none waiting
-    for series in ("bcm_health_ingest_reports_total 1.0", "bcm_health_ingest_batches_total 1.0",
-                   "bcm_health_ingest_waiting 0.0"):  # fmt: skip
+    for series in (
+        "bcm_health_ingest_reports_total 1.0",
+        "bcm_health_ingest_batches_total 1.0",
+        "bcm_health_ingest_waiting 0.0",
+    ):
         assert series in body.splitlines(), series
     assert hapi.get("/metrics", headers={"Authorization": f"Bearer {tok}"}).status_code == 403
     assert hapi.get("/metrics", headers={"Authorization": ""}).status_code == 401

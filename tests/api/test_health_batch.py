@@ -32,7 +32,9 @@ def raw(body: dict[str, Any]) -> bytes:
 def rows(engine: Engine, model: Any, node: str) -> int:
     with Session(engine) as s:
         node_id = s.execute(text("SELECT id FROM node WHERE name = :n"), {"n": node}).scalar_one()
-        return int(s.execute(select(func.count()).select_from(model).where(model.node_id == node_id)).scalar_one())
+        return int(
+            s.execute(select(func.count()).select_from(model).where(model.node_id == node_id)).scalar_one()
+        )
 
 
 async def submit_all(queue: IngestQueue, items: list[tuple[str, Any]]) -> list[Any]:
@@ -52,14 +54,20 @@ def test_reports_arriving_together_are_one_batch_with_their_own_answers(
 
     async def go() -> list[Any]:
         try:
-            return await submit_all(queue, [
-                (tok["gpu01"], raw(report("gpu01"))),
-                (tok["gpu02"], raw(with_xid(report("gpu02")))),
-                ("bcm_not-a-token", b"{not json"),  # unknown token: a 401 even for a malformed body
-                (tok["gpu03"], raw(report("gpu04"))),  # a node reporting as another
-                (tok["gpu04"], b'{"schema": 1}'),
-                (tok["gpu05"], InvalidInput("gpus.0.index: invalid", field="gpus.0.index")),  # refused before
-            ])  # fmt: skip
+            return await submit_all(
+                queue,
+                [
+                    (tok["gpu01"], raw(report("gpu01"))),
+                    (tok["gpu02"], raw(with_xid(report("gpu02")))),
+                    ("bcm_not-a-token", b"{not json"),  # unknown token: a 401 even for a malformed body
+                    (tok["gpu03"], raw(report("gpu04"))),  # a node reporting as another
+                    (tok["gpu04"], b'{"schema": 1}'),
+                    (
+                        tok["gpu05"],
+                        InvalidInput("gpus.0.index: invalid", field="gpus.0.index"),
+                    ),  # refused before
+                ],
+            )
         finally:
             await queue.stop()
 
@@ -72,12 +80,16 @@ def test_reports_arriving_together_are_one_batch_with_their_own_answers(
     assert isinstance(invalid, InvalidInput) and invalid.field, invalid
     assert isinstance(refused, InvalidInput) and refused.field == "gpus.0.index"
     # what was accepted is stored, nothing of what was refused
-    assert rows(engine, HealthRecord, "gpu01") == 1 and rows(engine, HealthRecord, "gpu02") == 1  # one per report
+    assert (
+        rows(engine, HealthRecord, "gpu01") == 1 and rows(engine, HealthRecord, "gpu02") == 1
+    )  # one per report
     assert rows(engine, HealthRecord, "gpu03") == 0 and rows(engine, HealthRecord, "gpu04") == 0
     assert api.get("/api/v1/health").json()["failing"] == ["gpu02"]
 
 
-def test_a_nodes_two_reports_in_one_batch_are_judged_in_order(api: Any, engine: Engine, settings: Any) -> None:
+def test_a_nodes_two_reports_in_one_batch_are_judged_in_order(
+    api: Any, engine: Engine, settings: Any
+) -> None:
     add_nodes(api, engine, "gpu01")
     tok = node_token(api, "gpu01")
     gpus = len(report("gpu01")["gpus"])
@@ -85,7 +97,9 @@ def test_a_nodes_two_reports_in_one_batch_are_judged_in_order(api: Any, engine: 
 
     async def go() -> list[Any]:
         try:
-            return await submit_all(queue, [(tok, parsed(with_xid(report("gpu01")))), (tok, parsed(report("gpu01")))])
+            return await submit_all(
+                queue, [(tok, parsed(with_xid(report("gpu01")))), (tok, parsed(report("gpu01")))]
+            )
         finally:
             await queue.stop()
 
@@ -106,7 +120,9 @@ def test_a_full_queue_refuses_with_retry_after_and_keeps_what_it_took(
 ) -> None:
     add_nodes(api, engine, "gpu[01-02]")
     t1, t2 = node_token(api, "gpu01"), node_token(api, "gpu02")
-    queue = IngestQueue(engine, settings.model_copy(update={"health": settings.health.model_copy(update={"ingest_queue": 1})}))
+    queue = IngestQueue(
+        engine, settings.model_copy(update={"health": settings.health.model_copy(update={"ingest_queue": 1})})
+    )
 
     async def go() -> list[Any]:
         try:
@@ -122,7 +138,9 @@ def test_a_full_queue_refuses_with_retry_after_and_keeps_what_it_took(
     assert (queue.refused, queue.reports) == (1, 1)  # /metrics: bcm_health_ingest_refused_total
 
 
-def test_stopping_writes_the_waiting_reports_and_refuses_new_ones(api: Any, engine: Engine, settings: Any) -> None:
+def test_stopping_writes_the_waiting_reports_and_refuses_new_ones(
+    api: Any, engine: Engine, settings: Any
+) -> None:
     add_nodes(api, engine, "gpu[01-03]")
     tok = {n: node_token(api, n) for n in ("gpu01", "gpu02", "gpu03")}
     queue = IngestQueue(engine, settings)
@@ -155,8 +173,11 @@ def test_over_http_every_report_is_answered_after_it_is_stored(api: Any, engine:
     bodies = {n: json.dumps(report(n)).encode() for n in names}
 
     def one(name: str) -> Any:
-        return api.post("/boot/v1/agent/report", content=bodies[name],
-                        headers={"Authorization": f"Bearer {tok[name]}", "Content-Type": "application/json"})  # fmt: skip
+        return api.post(
+            "/boot/v1/agent/report",
+            content=bodies[name],
+            headers={"Authorization": f"Bearer {tok[name]}", "Content-Type": "application/json"},
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(agents, 16)) as pool:
         answers = dict(zip(names, pool.map(one, names), strict=True))

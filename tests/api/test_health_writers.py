@@ -27,7 +27,9 @@ def body(rep: dict[str, Any]) -> bytes:
     return json.dumps(rep).encode()
 
 
-def test_a_dead_writer_process_costs_one_503_then_a_new_one_writes(api: Any, engine: Engine, settings: Any) -> None:
+def test_a_dead_writer_process_costs_one_503_then_a_new_one_writes(
+    api: Any, engine: Engine, settings: Any
+) -> None:
     add_nodes(api, engine, "gpu01")
     tok = node_token(api, "gpu01")
     queue = IngestQueue(engine, in_processes(settings, 1))

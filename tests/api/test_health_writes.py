@@ -21,7 +21,9 @@ NODES = 64  # enough rows to fill many pages: an update of a full page cannot st
 
 
 def test_no_index_is_written_twice_or_on_every_report(engine: Engine) -> None:
-    indexes = {t: [i["column_names"] for i in inspect(engine).get_indexes(t)] for t in ("healthrecord", "nodehealth")}
+    indexes = {
+        t: [i["column_names"] for i in inspect(engine).get_indexes(t)] for t in ("healthrecord", "nodehealth")
+    }
     assert indexes["healthrecord"] == [["node_id", "id"]]  # the history, the pruning, a node's deletion
     assert "healthsample" not in inspect(engine).get_table_names()  # one row per GPU and report: gone
     assert not [cols for cols in indexes["nodehealth"] if "last_report_at" in cols]  # every report changes it
@@ -38,8 +40,10 @@ def test_a_second_report_updates_health_rows_in_place(api: Any, engine: Engine, 
     with Session(engine) as s, s.begin():
         results = ingest_many(s, reports, settings.health)  # the same reports again: every row updated
         assert [r.verdict for r in results] == ["OK"] * NODES  # type: ignore[union-attr]
-        history = [(n, json.loads(g) if isinstance(g, str) else g)  # SQLite: JSON text
-                   for n, g in s.execute(text("SELECT node_id, gpus FROM healthrecord"))]  # fmt: skip
+        history = [
+            (n, json.loads(g) if isinstance(g, str) else g)  # SQLite: JSON text
+            for n, g in s.execute(text("SELECT node_id, gpus FROM healthrecord"))
+        ]
         assert len(history) == 2 * NODES  # one row per report, each with every GPU's reading
         assert all([r[0] for r in readings] == list(range(gpus)) for _, readings in history)
         if engine.dialect.name != "postgresql":

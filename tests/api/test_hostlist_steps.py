@@ -18,8 +18,12 @@ STEPPED = "a[0-999999999/999999999]"
         ("GET", "/api/v1/health/nodes", None, {"nodes": STEPPED}),
         ("POST", "/api/v1/nodes/bulk", {"nodes": STEPPED}, None),
         ("POST", "/api/v1/nodes/actions/power-on", {"nodes": STEPPED}, None),
-        ("POST", "/api/v1/categories", {"name": "dgx", "discover_mac_prefix": "52:54:00",
-                                        "discover_names": STEPPED}, None),  # fmt: skip
+        (
+            "POST",
+            "/api/v1/categories",
+            {"name": "dgx", "discover_mac_prefix": "52:54:00", "discover_names": STEPPED},
+            None,
+        ),
     ],
 )
 def test_a_stepped_range_is_a_422_naming_the_field(

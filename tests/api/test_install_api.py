@@ -24,9 +24,18 @@ from tests.api.test_pxe_api import (
     token_of,
 )
 
-LAYOUT = {"disks": [{"path": "/dev/vda", "partitions": [
-    {"size": "4G", "mount": "/"}, {"size": "1G", "fs": "swap"}, {"size": "rest", "fs": "xfs", "mount": "/scratch"},
-]}]}  # fmt: skip
+LAYOUT = {
+    "disks": [
+        {
+            "path": "/dev/vda",
+            "partitions": [
+                {"size": "4G", "mount": "/"},
+                {"size": "1G", "fs": "swap"},
+                {"size": "rest", "fs": "xfs", "mount": "/scratch"},
+            ],
+        }
+    ]
+}
 NO_AUTH = {"Authorization": ""}
 
 
@@ -76,42 +85,87 @@ def test_modes_and_layouts_are_checked_against_the_inventoried_disks(api: TestCl
     assert node(api, "n01")["effective"]["install_mode"] == "stateless"
     # bad layouts: 422 naming the field, nothing stored
     bad = [
-        ({"disks": [{"path": "/dev/vda", "partitions": [{"size": "4X", "mount": "/"}]}]},
-         "disk_layout.disks[0].partitions[0].size"),
-        ({"disks": [{"path": "/dev/vda", "partitions": [{"size": "rest", "mount": "/"}, {"size": "1G"}]}]},
-         "disk_layout.disks[0].partitions[0].size"),
+        (
+            {"disks": [{"path": "/dev/vda", "partitions": [{"size": "4X", "mount": "/"}]}]},
+            "disk_layout.disks[0].partitions[0].size",
+        ),
+        (
+            {"disks": [{"path": "/dev/vda", "partitions": [{"size": "rest", "mount": "/"}, {"size": "1G"}]}]},
+            "disk_layout.disks[0].partitions[0].size",
+        ),
         ({"disks": [{"path": "/dev/vda", "partitions": [{"size": "1G", "mount": "/data"}]}]}, "disk_layout"),
-        ({"disks": [{"path": "vda", "partitions": [{"size": "1G", "mount": "/"}]}]}, "disk_layout.disks[0].path"),
-        ({"disks": [{"path": "/dev/vda", "partitions": [{"size": "1G", "mount": "/", "fs": "btrfs"}]}]},
-         "disk_layout.disks[0].partitions[0].fs"),
-        ({"disks": [{"path": "/dev/vda", "partitions": [{"size": "1G", "mount": "/"}]}] * 2}, "disk_layout.disks"),
-        ({"disks": [{"path": "/dev/vda", "partitions": [{"size": "1G", "mount": "/"}, {"size": "1G", "fs": "raid"}]}]},
-         "disk_layout.disks[0].partitions[1].fs"),
-    ]  # fmt: skip
+        (
+            {"disks": [{"path": "vda", "partitions": [{"size": "1G", "mount": "/"}]}]},
+            "disk_layout.disks[0].path",
+        ),
+        (
+            {"disks": [{"path": "/dev/vda", "partitions": [{"size": "1G", "mount": "/", "fs": "btrfs"}]}]},
+            "disk_layout.disks[0].partitions[0].fs",
+        ),
+        (
+            {"disks": [{"path": "/dev/vda", "partitions": [{"size": "1G", "mount": "/"}]}] * 2},
+            "disk_layout.disks",
+        ),
+        (
+            {
+                "disks": [
+                    {
+                        "path": "/dev/vda",
+                        "partitions": [{"size": "1G", "mount": "/"}, {"size": "1G", "fs": "raid"}],
+                    }
+                ]
+            },
+            "disk_layout.disks[0].partitions[1].fs",
+        ),
+    ]
     for layout, field in bad:
         r = put_cat(api, {"install_mode": "full", "disk_layout": layout})
         assert r.status_code == 422 and r.json()["field"] == field, (layout, r.text)
     r = put_cat(api, {"install_mode": "sometimes"})
     assert r.status_code == 422 and r.json()["field"] == "install_mode"
     # a layout bigger than the node's 10 GiB disk: 422 naming the partition that does not fit, and the node
-    big = {"disks": [{"path": "/dev/vda", "partitions": [
-        {"size": "4G", "mount": "/"}, {"size": "4G", "fs": "swap"}, {"size": "4G", "mount": "/scratch"}]}]}  # fmt: skip
+    big = {
+        "disks": [
+            {
+                "path": "/dev/vda",
+                "partitions": [
+                    {"size": "4G", "mount": "/"},
+                    {"size": "4G", "fs": "swap"},
+                    {"size": "4G", "mount": "/scratch"},
+                ],
+            }
+        ]
+    }
     r = put_cat(api, {"install_mode": "full", "disk_layout": big})
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "disk_layout.disks[0].partitions[2].size" and "n01" in r.json()["message"]
     # a disk the node does not have, or one chosen by a model none of its disks has
-    r = put_cat(api, {"install_mode": "full", "disk_layout": {"disks": [{"path": "/dev/sdb", "partitions": [
-        {"size": "1G", "mount": "/"}]}]}})  # fmt: skip
+    r = put_cat(
+        api,
+        {
+            "install_mode": "full",
+            "disk_layout": {"disks": [{"path": "/dev/sdb", "partitions": [{"size": "1G", "mount": "/"}]}]},
+        },
+    )
     assert r.status_code == 422 and r.json()["field"] == "disk_layout.disks[0].path"
-    r = put_cat(api, {"install_mode": "full", "disk_layout": {"disks": [{"model": "Samsung", "partitions": [
-        {"size": "1G", "mount": "/"}]}]}})  # fmt: skip
+    r = put_cat(
+        api,
+        {
+            "install_mode": "full",
+            "disk_layout": {"disks": [{"model": "Samsung", "partitions": [{"size": "1G", "mount": "/"}]}]},
+        },
+    )
     assert r.status_code == 422 and r.json()["field"] == "disk_layout.disks[0].model"
     cat = api.get("/api/v1/categories/disk").json()
     assert cat["install_mode"] is None and cat["disk_layout"] is None  # nothing stored
     # full without a layout: 422
     assert put_cat(api, {"install_mode": "full"}).json()["field"] == "disk_layout"
     # a layout that fits, chosen by size
-    by_size = {"disks": [{"min_size": "8G", "partitions": [{"size": "4G", "mount": "/"}, {"size": "rest", "fs": "swap"}]}]}
+    by_size = {
+        "disks": [
+            {"min_size": "8G", "partitions": [{"size": "4G", "mount": "/"}, {"size": "rest", "fs": "swap"}]}
+        ]
+    }
     r = put_cat(api, {"install_mode": "full", "disk_layout": by_size})
     assert r.status_code == 200, r.text
     assert r.json()["install_mode"] == "full" and r.json()["disk_layout"]["disks"][0]["min_size"] == "8G"
@@ -120,11 +174,17 @@ def test_modes_and_layouts_are_checked_against_the_inventoried_disks(api: TestCl
     # the node's own mode overrides the category's; null inherits again; one boot's mode is shown as such
     r = api.put("/api/v1/nodes/n01/install", json={"install_mode": "nosync", "next_install_mode": "auto"})
     assert r.status_code == 200, r.text
-    assert (r.json()["install_mode"], r.json()["next_install_mode"], r.json()["effective"]["install_mode"]) == (
-        "nosync", "auto", "nosync")
+    assert (
+        r.json()["install_mode"],
+        r.json()["next_install_mode"],
+        r.json()["effective"]["install_mode"],
+    ) == ("nosync", "auto", "nosync")
     r = api.put("/api/v1/nodes/n01/install", json={"install_mode": None, "next_install_mode": None})
     assert (r.json()["install_mode"], r.json()["effective"]["install_mode"]) == (None, "full")
-    assert api.put("/api/v1/nodes/n01/install", json={"next_install_mode": "x"}).json()["field"] == "next_install_mode"
+    assert (
+        api.put("/api/v1/nodes/n01/install", json={"next_install_mode": "x"}).json()["field"]
+        == "next_install_mode"
+    )
     assert api.put("/api/v1/nodes/nope/install", json={"install_mode": "full"}).status_code == 404
 
 
@@ -154,7 +214,12 @@ def test_a_data_node_refuses_full_unless_an_admin_confirms(api: TestClient) -> N
     assert r.status_code == 409
 
 
-def test_install_boot_then_disk_boot(api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]) -> None:  # noqa: F811
+def test_install_boot_then_disk_boot(
+    api: TestClient,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, Any],  # noqa: F811
+) -> None:
     publish_image(engine, settings)
     assert api.post("/api/v1/categories", json={"name": "disk", "image": "img"}).status_code == 201
     assert put_cat(api, {"install_mode": "full", "disk_layout": LAYOUT}).status_code == 200
@@ -166,16 +231,31 @@ def test_install_boot_then_disk_boot(api: TestClient, engine: Any, settings: Any
     token = token_of(text)
     auth = {"Authorization": f"Bearer {token}"}
     # the plan: only with the boot's token; from then on the disk is installing
-    assert api.get(f"/boot/v1/install/{MAC}", headers={"Authorization": "Bearer bcmboot_" + "x" * 43}).status_code == 401
+    assert (
+        api.get(
+            f"/boot/v1/install/{MAC}", headers={"Authorization": "Bearer bcmboot_" + "x" * 43}
+        ).status_code
+        == 401
+    )
     assert node(api, "n01")["install_state"] is None
     plan = api.get(f"/boot/v1/install/{MAC}", headers=auth)
     assert plan.status_code == 200, plan.text
-    assert "BCM_MODE=full" in plan.text and "BCM_ROOT=/dev/vda2" in plan.text and "/dev/vda4 /scratch xfs defaults" in plan.text
-    layout_hash = next(line.split("=", 1)[1] for line in plan.text.splitlines() if line.startswith("BCM_LAYOUT="))
+    assert (
+        "BCM_MODE=full" in plan.text
+        and "BCM_ROOT=/dev/vda2" in plan.text
+        and "/dev/vda4 /scratch xfs defaults" in plan.text
+    )
+    layout_hash = next(
+        line.split("=", 1)[1] for line in plan.text.splitlines() if line.startswith("BCM_LAYOUT=")
+    )
     assert node(api, "n01")["install_state"] == "installing"
     # a power cut here: the next boot installs again (never local on a half-written disk)
     assert script(api, MAC)[0] == "install"
-    bad = api.post("/boot/v1/installed", json={"mac": MAC, "image": "img:1", "layout": "ZZ", "mode": "full"}, headers=auth)
+    bad = api.post(
+        "/boot/v1/installed",
+        json={"mac": MAC, "image": "img:1", "layout": "ZZ", "mode": "full"},
+        headers=auth,
+    )
     assert bad.status_code == 422 and bad.json()["field"] == "layout"
     done = {"mac": MAC, "image": "img:1", "layout": layout_hash, "mode": "full", "bytes_written": 12345}
     assert api.post("/boot/v1/installed", json=done, headers=NO_AUTH).status_code == 401
@@ -194,9 +274,18 @@ def test_install_boot_then_disk_boot(api: TestClient, engine: Any, settings: Any
     purpose, text = script(api, MAC)
     assert purpose == "local" and "sanboot --no-describe --drive 0x80" in text and "bcm.token" not in text
     hello = {"mac": MAC}
-    assert api.post("/boot/v1/hello/disk", json=hello, headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert api.post("/boot/v1/hello/disk", json={"mac": "52:54:00:aa:00:09"},
-                    headers={"Authorization": f"Bearer {agent}"}).status_code == 403  # fmt: skip
+    assert (
+        api.post("/boot/v1/hello/disk", json=hello, headers={"Authorization": "Bearer nope"}).status_code
+        == 401
+    )
+    assert (
+        api.post(
+            "/boot/v1/hello/disk",
+            json={"mac": "52:54:00:aa:00:09"},
+            headers={"Authorization": f"Bearer {agent}"},
+        ).status_code
+        == 403
+    )
     r = api.post("/boot/v1/hello/disk", json=hello, headers={"Authorization": f"Bearer {agent}"})
     assert r.status_code == 200 and r.json() == {"node": "n01", "state": "booted"}
     # auto with the same layout installed: a sync (not a repartition)
@@ -213,13 +302,18 @@ def test_install_boot_then_disk_boot(api: TestClient, engine: Any, settings: Any
 
 
 def test_a_data_node_whose_confirmation_was_used_is_refused_at_boot(
-    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]  # noqa: F811
+    api: TestClient,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, Any],  # noqa: F811
 ) -> None:
     publish_image(engine, settings)
     assert api.post("/api/v1/categories", json={"name": "disk", "image": "img"}).status_code == 201
     add_with_bmc(api, "n01", MAC, bmcs["ipmi"], category="disk")
     assert api.put("/api/v1/nodes/n01/install", json={"data_node": True}).status_code == 200
-    assert put_cat(api, {"install_mode": "full", "disk_layout": LAYOUT, "confirm_wipe": True}).status_code == 200
+    assert (
+        put_cat(api, {"install_mode": "full", "disk_layout": LAYOUT, "confirm_wipe": True}).status_code == 200
+    )
     provision(api, "n01")
     purpose, text = script(api, MAC)
     auth = {"Authorization": f"Bearer {token_of(text)}"}
@@ -234,7 +328,11 @@ def test_a_data_node_whose_confirmation_was_used_is_refused_at_boot(
     purpose, text = script(api, MAC)
     assert purpose == "noimage" and "data node" in text
     n = node(api, "n01")
-    assert n["provision_state"] == "failed" and "data node" in n["last_error"] and n["install_state"] == "installed"
+    assert (
+        n["provision_state"] == "failed"
+        and "data node" in n["last_error"]
+        and n["install_state"] == "installed"
+    )
 
 
 def test_metrics_count_artifact_fetches(api: TestClient, engine: Any, settings: Any) -> None:

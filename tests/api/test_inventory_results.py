@@ -19,7 +19,9 @@ def test_attempts_are_recorded_when_a_host_needed_retries(api: TestClient, engin
     for name in ("n1", "n2", "n3"):
         assert api.post("/api/v1/nodes", json={"name": name}).status_code == 201
     with Session(engine) as s:
-        retried = inventory.store_result(s, ssh.HostResult("n1", ssh.HostStatus.OK, 0, FACTS, attempts=3), "t")
+        retried = inventory.store_result(
+            s, ssh.HostResult("n1", ssh.HostStatus.OK, 0, FACTS, attempts=3), "t"
+        )
         first = inventory.store_result(s, ssh.HostResult("n2", ssh.HostStatus.OK, 0, FACTS), "t")
         lost = inventory.store_result(
             s, ssh.HostResult("n3", ssh.HostStatus.UNREACHABLE, error="no route", attempts=4), "t"

@@ -39,11 +39,27 @@ def test_every_string_parameter_has_a_pattern_and_a_length(api: Any) -> None:
 
 
 def test_the_walk_sees_an_unbounded_parameter() -> None:
-    spec = {"paths": {"/x/{name}": {"get": {"parameters": [
-        {"in": "path", "name": "name", "schema": {"type": "string"}},
-        {"in": "query", "name": "q", "schema": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}]}},
-        {"in": "query", "name": "ok", "schema": {"type": "string", "pattern": "^a$", "maxLength": 1}},
-    ]}}}}  # fmt: skip
+    spec = {
+        "paths": {
+            "/x/{name}": {
+                "get": {
+                    "parameters": [
+                        {"in": "path", "name": "name", "schema": {"type": "string"}},
+                        {
+                            "in": "query",
+                            "name": "q",
+                            "schema": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}]},
+                        },
+                        {
+                            "in": "query",
+                            "name": "ok",
+                            "schema": {"type": "string", "pattern": "^a$", "maxLength": 1},
+                        },
+                    ]
+                }
+            }
+        }
+    }
     assert unbounded(spec) == ["GET /x/{name} path:name", "GET /x/{name} query:q"]
 
 

@@ -57,7 +57,9 @@ def bmcs(tmp_path: Path) -> Iterator[dict[str, bmc.BmcSpec]]:
         pytest.skip("needs ipmi_sim (openipmi) and ipmitool")
     specs, procs = {}, []
     for kind, sock in (("ipmi", socket.SOCK_DGRAM), ("redfish", socket.SOCK_STREAM)):
-        spec = bmc.BmcSpec(kind, f"m-{kind}", "127.0.0.1", free_port(sock), "admin", PASSWORD, str(tmp_path / kind))
+        spec = bmc.BmcSpec(
+            kind, f"m-{kind}", "127.0.0.1", free_port(sock), "admin", PASSWORD, str(tmp_path / kind)
+        )
         bmc.write_machine(spec, [sys.executable, "-c", "import time; time.sleep(3600)", "machine-{boot}"])
         procs.append((bmc.start(spec), spec))
         specs[kind] = spec
@@ -108,10 +110,20 @@ def test_password_is_write_only_and_encrypted_at_rest(
     api: Any, engine: Any, settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    assert api.post("/api/v1/categories", json={"name": "bmcs", "bmc_protocol": "ipmi", "bmc_user": "root"}).status_code == 201
+    assert (
+        api.post(
+            "/api/v1/categories", json={"name": "bmcs", "bmc_protocol": "ipmi", "bmc_user": "root"}
+        ).status_code
+        == 201
+    )
     register(api, "p2", None)
-    assert api.patch("/api/v1/nodes/p2", json={"category": "bmcs", "bmc_address": "127.0.0.1:1"}).status_code == 200
-    assert api.put("/api/v1/nodes/bmc-password", json={"nodes": "p2", "password": PASSWORD}).json() == {"updated": 1}
+    assert (
+        api.patch("/api/v1/nodes/p2", json={"category": "bmcs", "bmc_address": "127.0.0.1:1"}).status_code
+        == 200
+    )
+    assert api.put("/api/v1/nodes/bmc-password", json={"nodes": "p2", "password": PASSWORD}).json() == {
+        "updated": 1
+    }
     assert api.put("/api/v1/categories/bmcs/bmc-password", json={"password": PASSWORD}).status_code == 200
 
     seen = [
@@ -128,7 +140,9 @@ def test_password_is_write_only_and_encrypted_at_rest(
     assert all("bmc_password" not in page for page in seen[:4])
     with engine.connect() as conn:
         stored = [r[0] for r in conn.execute(text("SELECT bmc_password_enc FROM node WHERE name = 'p2'"))]
-        stored += [r[0] for r in conn.execute(text("SELECT bmc_password_enc FROM category WHERE name = 'bmcs'"))]
+        stored += [
+            r[0] for r in conn.execute(text("SELECT bmc_password_enc FROM category WHERE name = 'bmcs'"))
+        ]
     assert all(s and PASSWORD not in s for s in stored)
     key = settings.state_dir / "secret.key"
     assert stat.S_IMODE(os.stat(key).st_mode) == 0o600

@@ -57,7 +57,11 @@ def publish_image(engine: Any, settings: Any, name: str = "img") -> str:
         staging = image_svc.staging_dir(settings.images_dir, name, image.version, 1)
         staging.mkdir(parents=True)
         found = []
-        for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+        for kind, filename in (
+            ("kernel", "vmlinuz"),
+            ("initramfs", "initramfs.img"),
+            ("rootfs", "rootfs.squashfs"),
+        ):
             data = f"{kind} of {name}".encode()
             (staging / filename).write_bytes(data)
             found.append(imagebuild.Artifact(kind, filename, len(data), hashlib.sha256(data).hexdigest()))
@@ -101,8 +105,14 @@ def wait_state(api: TestClient, name: str, state: str, timeout_s: float = 60) ->
 
 
 def add_with_bmc(api: TestClient, name: str, mac: str, spec: Any, **extra: Any) -> None:
-    body = {"name": name, "mac": mac, "bmc_address": spec.address, "bmc_protocol": spec.kind, "bmc_user": "admin",
-            **extra}  # fmt: skip
+    body = {
+        "name": name,
+        "mac": mac,
+        "bmc_address": spec.address,
+        "bmc_protocol": spec.kind,
+        "bmc_user": "admin",
+        **extra,
+    }
     assert api.post("/api/v1/nodes", json=body).status_code == 201
     r = api.put("/api/v1/nodes/bmc-password", json={"nodes": name, "password": PASSWORD})
     assert r.status_code in (200, 204), r.text
@@ -118,7 +128,9 @@ def provision_op(api: TestClient, name: str) -> dict[str, Any]:
             if name in expand_hostlist(op["targets"]):
                 return wait_op(api, op["id"])
         time.sleep(0.2)
-    raise AssertionError(f"no provision operation for {name}: {api.get('/api/v1/operations').json()} {node(api, name)}")
+    raise AssertionError(
+        f"no provision operation for {name}: {api.get('/api/v1/operations').json()} {node(api, name)}"
+    )
 
 
 def test_entry_script_chains_to_the_mac(api: TestClient) -> None:
@@ -127,7 +139,9 @@ def test_entry_script_chains_to_the_mac(api: TestClient) -> None:
     assert "/boot/v1/ipxe/${netX/mac:hexhyp}" in r.text
 
 
-def test_unknown_mac_without_any_image_gets_the_noimage_script_and_an_event(api: TestClient, engine: Any) -> None:
+def test_unknown_mac_without_any_image_gets_the_noimage_script_and_an_event(
+    api: TestClient, engine: Any
+) -> None:
     purpose, text = script(api, MAC)
     assert purpose == "noimage" and "no discovery image" in text
     assert any(e.target == MAC for e in events(engine, "boot.discovery"))
@@ -138,16 +152,31 @@ def test_discovery_then_assign(api: TestClient, engine: Any, settings: Any) -> N
     version = publish_image(engine, settings)
     purpose, text = script(api, MAC)
     assert purpose == "discovery"
-    assert f"/boot/v1/images/img/{version}/vmlinuz" in text and "bcm.discover=" in text and "bcm.token" not in text
-    r = api.post("/boot/v1/discover", json={"mac": MAC.upper(), "facts": FACTS}, headers={"Authorization": ""})
+    assert (
+        f"/boot/v1/images/img/{version}/vmlinuz" in text
+        and "bcm.discover=" in text
+        and "bcm.token" not in text
+    )
+    r = api.post(
+        "/boot/v1/discover", json={"mac": MAC.upper(), "facts": FACTS}, headers={"Authorization": ""}
+    )
     assert r.status_code == 202, r.text
-    assert r.json() == {"node": "mac-525400aa0001", "state": "discovered", "assigned": False,
-                        "provisioning": False}
+    assert r.json() == {
+        "node": "mac-525400aa0001",
+        "state": "discovered",
+        "assigned": False,
+        "provisioning": False,
+    }
     listed = api.get("/api/v1/discovered").json()
     assert [(d["mac"], d["threads"], d["nvidia_pci_devices"], d["disks"]) for d in listed] == [(MAC, 4, 1, 1)]
     # a second report of the same machine updates it; a bad one is a 422 naming the field, and stores nothing
     FACTS2 = {**FACTS, "cpu": {"threads": 8}}
-    assert api.post("/boot/v1/discover", json={"mac": MAC, "facts": FACTS2}, headers={"Authorization": ""}).status_code == 202
+    assert (
+        api.post(
+            "/boot/v1/discover", json={"mac": MAC, "facts": FACTS2}, headers={"Authorization": ""}
+        ).status_code
+        == 202
+    )
     bad = api.post("/boot/v1/discover", json={"mac": "zz", "facts": FACTS}, headers={"Authorization": ""})
     assert bad.status_code == 422 and bad.json()["field"] == "mac"
     assert [d["threads"] for d in api.get("/api/v1/discovered").json()] == [8]
@@ -168,9 +197,15 @@ def test_discovery_then_assign(api: TestClient, engine: Any, settings: Any) -> N
 def test_discovery_is_bounded(api: TestClient, settings: Any) -> None:
     settings.pxe.max_discovered = 2
     for i in range(2):
-        r = api.post("/boot/v1/discover", json={"mac": f"52:54:00:aa:01:0{i}", "facts": FACTS}, headers={"Authorization": ""})
+        r = api.post(
+            "/boot/v1/discover",
+            json={"mac": f"52:54:00:aa:01:0{i}", "facts": FACTS},
+            headers={"Authorization": ""},
+        )
         assert r.status_code == 202
-    r = api.post("/boot/v1/discover", json={"mac": "52:54:00:aa:01:09", "facts": FACTS}, headers={"Authorization": ""})
+    r = api.post(
+        "/boot/v1/discover", json={"mac": "52:54:00:aa:01:09", "facts": FACTS}, headers={"Authorization": ""}
+    )
     assert r.status_code == 409 and "limit 2" in r.json()["message"]
     assert len(api.get("/api/v1/discovered").json()) == 2
 
@@ -206,7 +241,12 @@ def test_provision_boot_token_overlay_and_callback(
     assert r.status_code == 200 and r.headers["content-type"] == "application/gzip"
     files = tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz")  # noqa: SIM115
     names = set(files.getnames())
-    assert {"etc/hostname", "etc/ssh/ssh_host_ed25519_key", "root/.ssh/authorized_keys", "usr/local/sbin/bcm-hello"} <= names
+    assert {
+        "etc/hostname",
+        "etc/ssh/ssh_host_ed25519_key",
+        "root/.ssh/authorized_keys",
+        "usr/local/sbin/bcm-hello",
+    } <= names
     pub = files.extractfile("etc/ssh/ssh_host_ed25519_key.pub").read().decode()  # type: ignore[union-attr]
     assert files.getmember("etc/ssh/ssh_host_ed25519_key").mode == 0o600
     head_key = settings.ssh_key_file.with_suffix(".pub").read_text().strip()
@@ -218,14 +258,18 @@ def test_provision_boot_token_overlay_and_callback(
     assert pinned and pub.startswith(pinned)
 
     def hello(tok: str | None, mac: str = MAC) -> Any:
-        return api.post("/boot/v1/hello", json={"mac": mac}, headers={"Authorization": f"Bearer {tok}" if tok else ""})
+        return api.post(
+            "/boot/v1/hello", json={"mac": mac}, headers={"Authorization": f"Bearer {tok}" if tok else ""}
+        )
 
     assert hello(token, "52:54:00:aa:00:02").status_code == 403  # foreign machine
     assert hello(first).status_code == 401  # guessed
     r = hello(token)
     assert r.status_code == 200, r.text
     answer = r.json()
-    assert answer["node"] == "gpu01" and answer["state"] == "booted" and answer["agent_token"].startswith("bcm")
+    assert (
+        answer["node"] == "gpu01" and answer["state"] == "booted" and answer["agent_token"].startswith("bcm")
+    )
     assert hello(token).status_code == 401  # replayed
     assert overlay(token).status_code == 401  # used
     refusals = [e.message for e in events(engine, "boot.token")]  # one a minute per client, the rest summed
@@ -234,7 +278,9 @@ def test_provision_boot_token_overlay_and_callback(
     n = node(api, "gpu01")
     assert n["provision_state"] == "booted" and n["last_error"] is None
     # the agent token is a node token of gpu01: the report endpoint takes it (and judges the body)
-    rep = api.post("/boot/v1/agent/report", content=b"{}", headers={"Authorization": f"Bearer {answer['agent_token']}"})
+    rep = api.post(
+        "/boot/v1/agent/report", content=b"{}", headers={"Authorization": f"Bearer {answer['agent_token']}"}
+    )
     assert rep.status_code == 422
     # booted: the script is local now, and the next provision mints a token again
     assert script(api, MAC)[0] == "local"
@@ -353,15 +399,27 @@ def test_dhcp_host_files_follow_the_database(api: TestClient, engine: Any, setti
     from bcm.drivers import dnsmasq
     from bcm.services import pxe
 
-    assert api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC, "ip": "198.18.0.50"}).status_code == 201
-    assert api.post("/boot/v1/discover", json={"mac": "52:54:00:aa:00:05", "facts": FACTS},
-                    headers={"Authorization": ""}).status_code == 202  # fmt: skip
+    assert (
+        api.post("/api/v1/nodes", json={"name": "gpu01", "mac": MAC, "ip": "198.18.0.50"}).status_code == 201
+    )
+    assert (
+        api.post(
+            "/boot/v1/discover",
+            json={"mac": "52:54:00:aa:00:05", "facts": FACTS},
+            headers={"Authorization": ""},
+        ).status_code
+        == 202
+    )
     with Session(engine) as s:
         entries = pxe.host_entries(s)
     assert entries == [(MAC, "198.18.0.50", "gpu01")]  # discovered machines get no fixed entry
     hosts = Path(settings.state_dir) / "pxe" / "hosts"
     dnsmasq.write_hosts(hosts, entries)
-    assert (hosts / "52-54-00-aa-00-01.conf").read_text().endswith("dhcp-host=52:54:00:aa:00:01,198.18.0.50,gpu01\n")
+    assert (
+        (hosts / "52-54-00-aa-00-01.conf")
+        .read_text()
+        .endswith("dhcp-host=52:54:00:aa:00:01,198.18.0.50,gpu01\n")
+    )
 
 
 def test_pxe_enable_supervise_disable_and_keep_across_restarts(
@@ -376,8 +434,13 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
     if shutil.which("dnsmasq") is None:
         pytest.skip("dnsmasq-base is not installed")
     api = restartable()
-    body = {"enabled": True, "interface": "bcmt-nowhere0", "address": "198.18.99.1",
-            "range_start": "198.18.99.100", "range_end": "198.18.99.150"}  # fmt: skip
+    body = {
+        "enabled": True,
+        "interface": "bcmt-nowhere0",
+        "address": "198.18.99.1",
+        "range_start": "198.18.99.100",
+        "range_end": "198.18.99.150",
+    }
     for field, value in (("range_start", "198.19.2.3"), ("address", "not-an-ip"), ("interface", "a b")):
         bad = api.put("/api/v1/pxe", json={**body, field: value})
         assert bad.status_code == 422 and bad.json()["field"] == field, bad.text
@@ -391,7 +454,10 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
     assert st["server_url"] == f"http://198.18.99.1:{settings.port}"
     conf = (settings.state_dir / "pxe" / "dnsmasq.conf").read_text()
     assert "interface=bcmt-nowhere0\n" in conf and "dhcp-range=198.18.99.100,198.18.99.150," in conf
-    assert sorted(p.name for p in (settings.state_dir / "pxe" / "tftp").iterdir()) == ["ipxe.efi", "undionly.kpxe"]
+    assert sorted(p.name for p in (settings.state_dir / "pxe" / "tftp").iterdir()) == [
+        "ipxe.efi",
+        "undionly.kpxe",
+    ]
     # the boot scripts now name the PXE address
     assert "http://198.18.99.1:" in api.get("/boot/v1/ipxe/boot.ipxe", headers={"Authorization": ""}).text
 
@@ -406,7 +472,10 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
     assert "bcm_dnsmasq_restarts_total 1.0" in scraped and "bcm_dnsmasq_running 1.0" in scraped
 
     api.__exit__(None, None, None)  # a restart: the stored settings come back, and dnsmasq with them
-    assert not os.path.exists(f"/proc/{now['dnsmasq_pid']}") or Path(f"/proc/{now['dnsmasq_pid']}/stat").read_text().split()[2] == "Z"
+    assert (
+        not os.path.exists(f"/proc/{now['dnsmasq_pid']}")
+        or Path(f"/proc/{now['dnsmasq_pid']}/stat").read_text().split()[2] == "Z"
+    )
     api = restartable()
     again = api.get("/api/v1/pxe").json()
     assert again["enabled"] and again["interface"] == "bcmt-nowhere0" and again["dnsmasq_pid"]
@@ -417,8 +486,10 @@ def test_pxe_enable_supervise_disable_and_keep_across_restarts(
 
 
 def test_a_category_rule_assigns_discovered_machines(api: TestClient, engine: Any) -> None:
-    r = api.post("/api/v1/categories", json={"name": "dgx", "discover_mac_prefix": "52-54-00-AA",
-                                             "discover_names": "dgx[01-02]"})  # fmt: skip
+    r = api.post(
+        "/api/v1/categories",
+        json={"name": "dgx", "discover_mac_prefix": "52-54-00-AA", "discover_names": "dgx[01-02]"},
+    )
     assert r.status_code == 201, r.text
     assert r.json()["discover_mac_prefix"] == "52:54:00:aa"
     bad = api.post("/api/v1/categories", json={"name": "x", "discover_mac_prefix": "zz:1"})
@@ -432,14 +503,21 @@ def test_a_category_rule_assigns_discovered_machines(api: TestClient, engine: An
         assert r.status_code == 202, r.text
         return dict(r.json())
 
-    assert discover("52:54:00:aa:00:01") == {"node": "dgx02", "state": "registered", "assigned": True,
-                                                "provisioning": False}
+    assert discover("52:54:00:aa:00:01") == {
+        "node": "dgx02",
+        "state": "registered",
+        "assigned": True,
+        "provisioning": False,
+    }
     n = node(api, "dgx02")
     assert n["category"] == "dgx" and n["interfaces"][0]["mac"] == "52:54:00:aa:00:01"
     assert discover("52:54:00:aa:00:02")["state"] == "discovered"  # the pool is used up
     assert discover("52:54:00:bb:00:01")["state"] == "discovered"  # no rule matches
     assert any("no free name left" in e.message for e in events(engine, "node.discovered"))
-    assert {d["mac"] for d in api.get("/api/v1/discovered").json()} == {"52:54:00:aa:00:02", "52:54:00:bb:00:01"}
+    assert {d["mac"] for d in api.get("/api/v1/discovered").json()} == {
+        "52:54:00:aa:00:02",
+        "52:54:00:bb:00:01",
+    }
 
 
 def test_a_token_goes_only_to_the_address_leased_to_the_mac(
@@ -450,7 +528,9 @@ def test_a_token_goes_only_to_the_address_leased_to_the_mac(
     from bcm.services import pxe
 
     leases = tmp_path / "dnsmasq.leases"
-    leases.write_text(f"1796304016 {MAC} 198.18.80.133 * 01:{MAC}\n1796304013 52:54:00:aa:00:02 198.18.80.134 * x\n")
+    leases.write_text(
+        f"1796304016 {MAC} 198.18.80.133 * 01:{MAC}\n1796304013 52:54:00:aa:00:02 198.18.80.134 * x\n"
+    )
     assert dnsmasq.leased_address(leases, MAC) == "198.18.80.133"
     assert dnsmasq.leased_address(leases, "52:54:00:aa:00:09") is None
     assert dnsmasq.leased_address(tmp_path / "none", MAC) is None
@@ -459,9 +539,13 @@ def test_a_token_goes_only_to_the_address_leased_to_the_mac(
     assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
     provision_op(api, "gpu01")
     with Session(engine) as s:
-        other = pxe.boot_script(s, settings, MAC, peer="198.18.80.134", leased="198.18.80.133", check_lease=True)
+        other = pxe.boot_script(
+            s, settings, MAC, peer="198.18.80.134", leased="198.18.80.133", check_lease=True
+        )
         none = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased=None, check_lease=True)
-        mine = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased="198.18.80.133", check_lease=True)
+        mine = pxe.boot_script(
+            s, settings, MAC, peer="198.18.80.133", leased="198.18.80.133", check_lease=True
+        )
         s.commit()
     assert other.purpose == none.purpose == "refused" and "bcm.token" not in other.text + none.text
     assert mine.purpose == "image" and "bcm.token=" in mine.text
@@ -480,7 +564,9 @@ def test_the_init_reports_a_failed_boot_with_the_attempts_token(
     token = token_of(script(api, MAC)[1])
 
     def failed(tok: str | None, body: dict[str, Any]) -> Any:
-        return api.post("/boot/v1/failed", json=body, headers={"Authorization": f"Bearer {tok}" if tok else ""})
+        return api.post(
+            "/boot/v1/failed", json=body, headers={"Authorization": f"Bearer {tok}" if tok else ""}
+        )
 
     line = {"mac": MAC, "message": "bcm-init: sha256 of http://h/rootfs.squashfs is not 1f2e\x07"}
     assert failed(None, line).status_code == 401
@@ -492,7 +578,9 @@ def test_the_init_reports_a_failed_boot_with_the_attempts_token(
     assert r.status_code == 200 and r.json() == {"node": "gpu01", "state": "failed"}, r.text
     n = node(api, "gpu01")
     assert n["provision_state"] == "failed"
-    assert n["last_error"].endswith("bcm-init: sha256 of http://h/rootfs.squashfs is not 1f2e"), n["last_error"]
+    assert n["last_error"].endswith("bcm-init: sha256 of http://h/rootfs.squashfs is not 1f2e"), n[
+        "last_error"
+    ]
     assert failed(token, line).status_code == 401  # used up: it cannot fail the node's next attempt
     init = (Path(__file__).resolve().parents[2] / "templates" / "image" / "init").read_text()
     assert '"$server_url/boot/v1/failed"' in init and "Authorization: Bearer $token" in init

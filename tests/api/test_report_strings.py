@@ -14,7 +14,12 @@ from tests.api.test_health_api import add_nodes, count, node_token, post, report
 
 @pytest.mark.parametrize(
     ("where", "value"),
-    [("uuid", "GPU-\x00bad"), ("name", "H100 \x1b]0;pwned\x07"), ("serial", "1\x9b31m"), ("pci_bus_id", "0000:\x7f")],
+    [
+        ("uuid", "GPU-\x00bad"),
+        ("name", "H100 \x1b]0;pwned\x07"),
+        ("serial", "1\x9b31m"),
+        ("pci_bus_id", "0000:\x7f"),
+    ],
 )
 def test_control_characters_in_a_gpus_strings_are_a_422_naming_the_field(
     api: Any, engine: Engine, where: str, value: str

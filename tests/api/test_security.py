@@ -37,7 +37,9 @@ INJECTIONS = ["@x$(touch {m})", "@x;touch {m};", "@x`touch {m}`", "@x|touch {m}"
 
 
 @pytest.mark.parametrize("pattern", INJECTIONS)
-def test_hostlist_group_injection_runs_nothing(api: Any, engine: Engine, tmp_path: Path, pattern: str) -> None:
+def test_hostlist_group_injection_runs_nothing(
+    api: Any, engine: Engine, tmp_path: Path, pattern: str
+) -> None:
     marker = tmp_path / "pwned"
     hostlist = pattern.format(m=marker)
     viewer = as_role(api, "viewer")
@@ -80,7 +82,10 @@ def test_hostlist_explosion_is_refused_before_expanding(api: Any, engine: Engine
         ({"pcie_check_generation": "yes"}, "health_policy.pcie_check_generation"),
         ({"xid_overrides": {"79": "FAIL"}}, "health_policy.xid_overrides.79"),
         ({"xid_overrides": {"x": {"severity": "FAIL", "action": "none"}}}, "health_policy.xid_overrides"),
-        ({"xid_overrides": {"79": {"severity": "BAD", "action": "none"}}}, "health_policy.xid_overrides.79.severity"),
+        (
+            {"xid_overrides": {"79": {"severity": "BAD", "action": "none"}}},
+            "health_policy.xid_overrides.79.severity",
+        ),
         ({"clock_events_warn": "hw_slowdown"}, "health_policy.clock_events_warn"),
         ({"clock_events_warn": ["melting"]}, "health_policy.clock_events_warn"),
         ({"stale_intervals": 0}, "health_policy.stale_intervals"),
@@ -132,14 +137,23 @@ def _gpu0(rep: dict[str, Any], **changes: Any) -> dict[str, Any]:
     [
         (lambda r: _gpu0(r, memory_total_mib=2**31), "gpus.0.memory_total_mib"),
         (lambda r: _gpu0(r, memory_used_mib=2**40), "gpus.0.memory_used_mib"),
-        (lambda r: _gpu0(r, ecc={**r["gpus"][0]["ecc"], "volatile_corrected": 2**63}), "gpus.0.ecc.volatile_corrected"),
+        (
+            lambda r: _gpu0(r, ecc={**r["gpus"][0]["ecc"], "volatile_corrected": 2**63}),
+            "gpus.0.ecc.volatile_corrected",
+        ),
         (lambda r: _gpu0(r, name="G" * 129), "gpus.0.name"),
         (lambda r: _gpu0(r, uuid="GPU-" + "f" * 93), "gpus.0.uuid"),
         (lambda r: _gpu0(r, pci_bus_id="0" * 33), "gpus.0.pci_bus_id"),
         (lambda r: {**r, "agent_version": "v" * 65}, "agent_version"),
         (lambda r: {**r, "collected_at": "9999-12-31T23:59:59-14:00"}, "collected_at"),
         (lambda r: {**r, "collected_at": "0001-01-01T00:00:00Z"}, "collected_at"),
-        (lambda r: {**with_xid(r), "xid_events": [{**with_xid(r)["xid_events"][0], "time": "9999-12-31T23:00:00-12:00"}]}, "xid_events.0.time"),
+        (
+            lambda r: {
+                **with_xid(r),
+                "xid_events": [{**with_xid(r)["xid_events"][0], "time": "9999-12-31T23:00:00-12:00"}],
+            },
+            "xid_events.0.time",
+        ),
     ],
 )
 def test_report_values_beyond_the_columns_are_422(api: Any, engine: Engine, mutate: Any, field: str) -> None:
@@ -195,14 +209,18 @@ def test_a_node_cannot_evict_another_nodes_gpu_history(api: Any, engine: Engine,
 
 def test_operator_cannot_clear_or_replace_a_pinned_host_key(api: Any, engine: Engine) -> None:
     operator = as_role(api, "operator")
-    r = api.post("/api/v1/nodes", json={"name": "pin1", "ip": "198.18.0.21", "ssh_host_key": ED25519 + " root@pin1"})
+    r = api.post(
+        "/api/v1/nodes", json={"name": "pin1", "ip": "198.18.0.21", "ssh_host_key": ED25519 + " root@pin1"}
+    )
     assert r.status_code == 201
     before = snapshot(engine)
     for value in (None, "garbage", ED25519_B):
         r = api.patch("/api/v1/nodes/pin1", json={"ssh_host_key": value}, headers=operator)
         assert r.status_code == 422 and r.json()["field"] == "ssh_host_key", r.text
         assert "rekey" in r.json()["message"]
-    assert api.post("/api/v1/nodes/pin1/rekey", json={"ssh_host_key": None}, headers=operator).status_code == 403
+    assert (
+        api.post("/api/v1/nodes/pin1/rekey", json={"ssh_host_key": None}, headers=operator).status_code == 403
+    )
     for bad in ("garbage", "ssh-ed25519 !!!", "ssh-rsa " + ED25519.split()[1], "ssh-dss AAAAB3NzaC1kc3M="):
         r = api.post("/api/v1/nodes/pin1/rekey", json={"ssh_host_key": bad})
         assert r.status_code == 422 and r.json()["field"] == "ssh_host_key", r.text
@@ -244,19 +262,75 @@ def test_admin_rekey_and_address_changes_are_audited_and_keep_the_pin(api: Any, 
         ("admin", "DELETE", "/api/v1/tokens/99999999999999999999", {}, 422, "token_id"),
         # a filter time at the edge of the range is clamped to what the database stores (an answer, not a 500)
         ("viewer", "GET", "/api/v1/events", {"params": {"since": "9999-12-31T23:59:59-14:00"}}, 200, None),
-        ("viewer", "GET", "/api/v1/health/events", {"params": {"since": "0001-01-01T00:00:00+14:00"}}, 200, None),
+        (
+            "viewer",
+            "GET",
+            "/api/v1/health/events",
+            {"params": {"since": "0001-01-01T00:00:00+14:00"}},
+            200,
+            None,
+        ),
         ("viewer", "GET", "/api/v1/events", {"params": {"since": "1700000000"}}, 422, "since"),
         ("viewer", "GET", "/api/v1/health/events", {"params": {"since": "yesterday"}}, 422, "since"),
-        ("operator", "POST", "/api/v1/nodes", {"json": {"name": "z1", "comment": "ok\x1b[31mred"}}, 422, "comment"),
-        ("admin", "POST", "/api/v1/tokens", {"json": {"name": "ci\x1b[2Jbot", "role": "viewer"}}, 422, "name"),
-        ("operator", "PATCH", "/api/v1/categories/gpu", {"json": {"description": "x\u009b31m"}}, 422, "description"),
-        ("operator", "PATCH", "/api/v1/categories/gpu", {"json": {"description": "x" * 2_000_000}}, 413, None),
+        (
+            "operator",
+            "POST",
+            "/api/v1/nodes",
+            {"json": {"name": "z1", "comment": "ok\x1b[31mred"}},
+            422,
+            "comment",
+        ),
+        (
+            "admin",
+            "POST",
+            "/api/v1/tokens",
+            {"json": {"name": "ci\x1b[2Jbot", "role": "viewer"}},
+            422,
+            "name",
+        ),
+        (
+            "operator",
+            "PATCH",
+            "/api/v1/categories/gpu",
+            {"json": {"description": "x\u009b31m"}},
+            422,
+            "description",
+        ),
+        (
+            "operator",
+            "PATCH",
+            "/api/v1/categories/gpu",
+            {"json": {"description": "x" * 2_000_000}},
+            413,
+            None,
+        ),
         ("operator", "POST", "/api/v1/nodes", {"content": "[" * 500 + "]" * 500}, 400, "body"),
-        ("viewer", "POST", "/api/v1/nodes", {"content": json.dumps({"name": "z1", "comment": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]})}, 400, "body"),
+        (
+            "viewer",
+            "POST",
+            "/api/v1/nodes",
+            {
+                "content": json.dumps(
+                    {
+                        "name": "z1",
+                        "comment": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
+                    }
+                )
+            },
+            400,
+            "body",
+        ),
     ],
 )
 def test_small_holes(
-    api: Any, engine: Engine, role: str, method: str, path: str, kwargs: dict[str, Any], status: int, field: str | None
+    api: Any,
+    engine: Engine,
+    role: str,
+    method: str,
+    path: str,
+    kwargs: dict[str, Any],
+    status: int,
+    field: str | None,
 ) -> None:
     api.post("/api/v1/nodes", json={"name": "keep1"})
     headers = {} if role == "admin" else as_role(api, role)

@@ -139,10 +139,22 @@ ACTIONS: dict[str, Req] = {
 ALL = set(ACTIONS)
 READS = {"read-department", "read-project", "read-usage", "plan"}
 OPERATOR = READS | {
-    "update-department", "create-department", "create-project", "update-project", "manage-members", "apply",
-}  # fmt: skip
-DEPT_ADMIN = {"read-department", "read-project", "create-project", "update-project", "delete-project",
-              "manage-members", "read-usage"}  # fmt: skip
+    "update-department",
+    "create-department",
+    "create-project",
+    "update-project",
+    "manage-members",
+    "apply",
+}
+DEPT_ADMIN = {
+    "read-department",
+    "read-project",
+    "create-project",
+    "update-project",
+    "delete-project",
+    "manage-members",
+    "read-usage",
+}
 EXPECTED: dict[tuple[str, str], set[str]] = {
     ("admin", "own"): ALL,
     ("admin", "other"): ALL,

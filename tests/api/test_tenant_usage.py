@@ -82,14 +82,25 @@ def test_sampled_tenants_show_on_nodes_and_as_tenancy_meters(api: Any, engine: A
     _ok(api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-04],head"}), 201)
     _cluster(engine)
     _ok(api.post("/api/v1/departments", json={"name": "research", "gpu_quota": 8}), 201)
-    _ok(api.post("/api/v1/projects", json={"name": "nlp", "department": "research", "deserved_gpus": 2,
-                                           "limit_gpus": 4}), 201)  # fmt: skip
-    _ok(api.post("/api/v1/projects", json={"name": "vision", "department": "research", "deserved_gpus": 1}), 201)
+    _ok(
+        api.post(
+            "/api/v1/projects",
+            json={"name": "nlp", "department": "research", "deserved_gpus": 2, "limit_gpus": 4},
+        ),
+        201,
+    )
+    _ok(
+        api.post("/api/v1/projects", json={"name": "vision", "department": "research", "deserved_gpus": 1}),
+        201,
+    )
     _sample(engine, SQUEUE)
 
     # node JSON: most GPUs first
     gpu02 = _ok(api.get("/api/v1/nodes/gpu02"))
-    assert gpu02["tenants"] == [{"account": "vision", "gpus": 2, "jobs": 1}, {"account": "nlp", "gpus": 1, "jobs": 1}]
+    assert gpu02["tenants"] == [
+        {"account": "vision", "gpus": 2, "jobs": 1},
+        {"account": "nlp", "gpus": 1, "jobs": 1},
+    ]
     assert _ok(api.get("/api/v1/nodes/gpu04"))["tenants"] == []
     assert _ok(api.get("/api/v1/wlm/lab"))["usage_at"] is not None
 
@@ -109,7 +120,9 @@ def test_sampled_tenants_show_on_nodes_and_as_tenancy_meters(api: Any, engine: A
     nlp = _meter(tenancy, "data-project", "nlp")
     assert (nlp["value"], nlp["max"], nlp["low"], nlp["high"]) == ("3", "4", "2", "4")
     assert nlp["text"] == "3 of 4 GPUs" and nlp["aria-label"] == "nlp: 3 of 4 GPUs in use (deserves 2)"
-    vision = _meter(tenancy, "data-project", "vision")  # over its limit of 1: the bar is full, the text says so
+    vision = _meter(
+        tenancy, "data-project", "vision"
+    )  # over its limit of 1: the bar is full, the text says so
     assert (vision["value"], vision["max"], vision["high"]) == ("2", "2", "1")
     assert 'class="use-text over" aria-hidden="true">2 of 1 GPUs' in _row(tenancy, "data-project", "vision")
     research = _meter(tenancy, "data-department", "research")
@@ -138,8 +151,11 @@ def test_a_node_leaving_the_inventory_or_its_cluster_takes_its_sample_with_it(ap
         s.delete(gone)
         s.commit()
     with Session(engine) as s:
-        assert sorted(wlm_usage.account_gpus(s).items()) == [("<img src=x onerror=alert(1)>", 0), ("nlp", 1),
-                                                             ("vision", 2)]  # fmt: skip
+        assert sorted(wlm_usage.account_gpus(s).items()) == [
+            ("<img src=x onerror=alert(1)>", 0),
+            ("nlp", 1),
+            ("vision", 2),
+        ]
     # gpu03 moves to a Kubernetes cluster, whose first sample sees a project's pod there: lab's row for it goes
     with Session(engine) as s:
         gpu03 = s.exec(select(Node).where(Node.name == "gpu03")).one()
@@ -163,7 +179,9 @@ def test_a_cluster_the_sync_no_longer_reads_keeps_no_sample(api: Any, engine: An
     _ok(api.post("/api/v1/nodes/bulk", json={"nodes": "gpu[01-03],head"}), 201)
     _cluster(engine)
     _sample(engine, SQUEUE)
-    asyncio.run(wlm_worker.sync_all(engine, settings))  # deployed, its read fails (no address): the sample stays
+    asyncio.run(
+        wlm_worker.sync_all(engine, settings)
+    )  # deployed, its read fails (no address): the sample stays
     with Session(engine) as s:
         assert wlm_usage.account_gpus(s)["nlp"] == 3
         lab = s.exec(select(WlmCluster)).one()

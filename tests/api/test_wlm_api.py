@@ -117,7 +117,10 @@ def test_kubernetes_deploy_to_nodes_not_inventoried_is_409(wlm_api: Any, engine:
 
 
 def test_a_slurm_cluster_name_cannot_be_redeployed_as_kubernetes(wlm_api: Any, engine: Any) -> None:
-    assert wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code == 201
+    assert (
+        wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code
+        == 201
+    )
     inventoried(engine, "head", "gpu01")
     _plan(engine, "lab", "head", "gpu01")
     inventoried(engine, "head", "gpu01")
@@ -236,7 +239,10 @@ def test_drains_go_to_the_deployed_cluster_of_each_compute_member(wlm_api: Any, 
 
 
 def test_rm_forgets_a_cluster_and_frees_its_nodes(wlm_api: Any, engine: Any) -> None:
-    assert wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code == 201
+    assert (
+        wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code
+        == 201
+    )
     inventoried(engine, "head", "gpu01")
     _plan(engine, "lab", "head", "gpu01")
     from bcm.models.wlm import WlmCluster, WlmState
@@ -260,10 +266,20 @@ def test_rm_forgets_a_cluster_and_frees_its_nodes(wlm_api: Any, engine: Any) -> 
 
 
 def test_deleting_a_clusters_controller_is_409_naming_the_cluster(wlm_api: Any, engine: Any) -> None:
-    assert wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code == 201
+    assert (
+        wlm_api.post("/api/v1/nodes/bulk", json={"nodes": "gpu01,head", "ip": "198.18.9.10"}).status_code
+        == 201
+    )
     inventoried(engine, "head", "gpu01")
     _plan(engine, "lab", "head", "gpu01")
     r = wlm_api.delete("/api/v1/nodes", params={"nodes": "head,gpu01"})
-    assert r.status_code == 409 and "head (cluster lab)" in r.json()["message"] and "bcm wlm rm" in r.json()["message"]
+    assert (
+        r.status_code == 409
+        and "head (cluster lab)" in r.json()["message"]
+        and "bcm wlm rm" in r.json()["message"]
+    )
     assert len(wlm_api.get("/api/v1/nodes").json()["items"]) == 2  # nothing deleted
-    assert wlm_api.delete("/api/v1/nodes", params={"nodes": "gpu01"}).status_code in (200, 204)  # a member may go
+    assert wlm_api.delete("/api/v1/nodes", params={"nodes": "gpu01"}).status_code in (
+        200,
+        204,
+    )  # a member may go

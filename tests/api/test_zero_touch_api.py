@@ -29,9 +29,19 @@ def discover(api: TestClient, mac: str, bmc: dict[str, str] | None) -> dict[str,
 
 
 def zero_touch_category(api: TestClient, discover_range: str | None = "127.0.0.0/24") -> None:
-    r = api.post("/api/v1/categories", json={
-        "name": "zt", "image": "img", "discover_mac_prefix": "52:54:00:ab", "discover_names": "zt[01-04]",
-        "auto_provision": True, "wlm_cluster": "slurm", "bmc_user": "admin", "bmc_protocol": "ipmi"})  # fmt: skip
+    r = api.post(
+        "/api/v1/categories",
+        json={
+            "name": "zt",
+            "image": "img",
+            "discover_mac_prefix": "52:54:00:ab",
+            "discover_names": "zt[01-04]",
+            "auto_provision": True,
+            "wlm_cluster": "slurm",
+            "bmc_user": "admin",
+            "bmc_protocol": "ipmi",
+        },
+    )
     assert r.status_code == 201, r.text
     assert r.json()["auto_provision"] is True and r.json()["wlm_cluster"] == "slurm"
     body: dict[str, Any] = {"password": PASSWORD}
@@ -42,7 +52,10 @@ def zero_touch_category(api: TestClient, discover_range: str | None = "127.0.0.0
 
 
 def test_a_discovered_machine_is_provisioned_at_once_through_the_bmc_it_reported(
-    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]  # noqa: F811
+    api: TestClient,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, Any],  # noqa: F811
 ) -> None:
     publish_image(engine, settings)
     zero_touch_category(api)
@@ -60,7 +73,10 @@ def test_a_discovered_machine_is_provisioned_at_once_through_the_bmc_it_reported
     op = provision_op(api, "zt01")  # the provisioner took it from the queue: no admin command
     assert op["state"] == "succeeded" and op["results"]["zt01"]["status"] == "ok", op
     assert machine.is_on() and machine.boot() == "default"  # powered on, its one-time network boot used
-    assert any("reported at discovery" in e.message and "password bound" in e.message for e in events(engine, "node.bmc"))
+    assert any(
+        "reported at discovery" in e.message and "password bound" in e.message
+        for e in events(engine, "node.bmc")
+    )
 
     # its boot dies (a kernel panic with panic=-1 powers it off): the power poll fails it at once, rather
     # than after the provisioning deadline; within the grace after the power-on it is not judged yet
@@ -85,7 +101,10 @@ def test_a_discovered_machine_is_provisioned_at_once_through_the_bmc_it_reported
 
 
 def test_no_password_outside_the_admins_range_and_never_another_nodes_bmc(
-    api: TestClient, engine: Any, settings: Any, bmcs: dict[str, Any]  # noqa: F811
+    api: TestClient,
+    engine: Any,
+    settings: Any,
+    bmcs: dict[str, Any],  # noqa: F811
 ) -> None:
     publish_image(engine, settings)
     zero_touch_category(api, discover_range="198.19.255.0/24")  # lab space, not where its BMC is
@@ -98,7 +117,9 @@ def test_no_password_outside_the_admins_range_and_never_another_nodes_bmc(
     warned = [e.message for e in events(engine, "node.provision")]
     assert any("not this node" in m and "password" in m for m in warned), warned
     with Session(engine) as s:
-        assert "zt01" not in (s.exec(select(Category).where(Category.name == "zt")).one().bmc_password_targets or {})
+        assert "zt01" not in (
+            s.exec(select(Category).where(Category.name == "zt")).one().bmc_password_targets or {}
+        )
 
     # a second machine claims the BMC zt01 has: not taken (it must not power-cycle someone else's node)
     answer = discover(api, "52:54:00:ab:00:02", {"protocol": "ipmi", "address": spec.address})
@@ -111,19 +132,33 @@ def test_no_password_outside_the_admins_range_and_never_another_nodes_bmc(
     assert answer["node"] == "zt03" and answer["state"] == "registered" and answer["provisioning"] is False
 
 
-def test_bad_bmc_reports_and_ranges_are_refused_naming_the_field(api: TestClient, engine: Any, settings: Any) -> None:
+def test_bad_bmc_reports_and_ranges_are_refused_naming_the_field(
+    api: TestClient, engine: Any, settings: Any
+) -> None:
     publish_image(engine, settings)
     zero_touch_category(api, discover_range=None)
-    r = api.post("/boot/v1/discover", json={"mac": "52:54:00:ab:00:09", "facts": FACTS,
-                                            "bmc": {"protocol": "telnet", "address": "127.0.0.1"}}, headers=NOAUTH)  # fmt: skip
+    r = api.post(
+        "/boot/v1/discover",
+        json={
+            "mac": "52:54:00:ab:00:09",
+            "facts": FACTS,
+            "bmc": {"protocol": "telnet", "address": "127.0.0.1"},
+        },
+        headers=NOAUTH,
+    )
     assert r.status_code == 422 and r.json()["field"] == "bmc.protocol", r.text
-    r = api.post("/boot/v1/discover", json={"mac": "52:54:00:ab:00:09", "facts": FACTS,
-                                            "bmc": {"protocol": "ipmi", "address": "x" * 300}}, headers=NOAUTH)  # fmt: skip
+    r = api.post(
+        "/boot/v1/discover",
+        json={"mac": "52:54:00:ab:00:09", "facts": FACTS, "bmc": {"protocol": "ipmi", "address": "x" * 300}},
+        headers=NOAUTH,
+    )
     assert r.status_code == 422 and r.json()["field"].startswith("bmc.address"), r.text
     assert api.get("/api/v1/nodes/zt01").status_code == 404  # nothing stored
     for bad, why in (("not-a-net", "is not a network"), ("0.0.0.0/0", "more than 65536")):
         r = api.put("/api/v1/categories/zt/bmc-password", json={"password": PASSWORD, "discover_range": bad})
-        assert r.status_code == 422 and r.json()["field"] == "discover_range" and why in r.json()["message"], r.text
+        assert (
+            r.status_code == 422 and r.json()["field"] == "discover_range" and why in r.json()["message"]
+        ), r.text
     r = api.patch("/api/v1/categories/zt", json={"wlm_cluster": "Bad Name"})
     assert r.status_code == 422 and r.json()["field"] == "wlm_cluster"
     # an operator changes the category but never the password's range (it is set only with the password)
@@ -138,13 +173,16 @@ class Recorder:
     def __init__(self, settings: Any) -> None:
         self.settings, self.started = settings, []  # type: ignore[var-annotated]
 
-    async def submit(self, verb: str, names: list[str], actor: str, reason: Any, *, spec: Any = None,
-                     extra: Any = None) -> int:  # fmt: skip
+    async def submit(
+        self, verb: str, names: list[str], actor: str, reason: Any, *, spec: Any = None, extra: Any = None
+    ) -> int:
         self.started.append((verb, spec, extra))
         return len(self.started)
 
 
-def test_booted_nodes_join_their_categorys_cluster_in_one_batch(api: TestClient, engine: Any, settings: Any) -> None:
+def test_booted_nodes_join_their_categorys_cluster_in_one_batch(
+    api: TestClient, engine: Any, settings: Any
+) -> None:
     import asyncio
 
     from bcm.models.node import Node
@@ -155,13 +193,21 @@ def test_booted_nodes_join_their_categorys_cluster_in_one_batch(api: TestClient,
     assert api.post("/api/v1/categories", json={"name": "zt", "wlm_cluster": "zc"}).status_code == 201
     for i, name in enumerate(("ctl", "zt01", "zt02", "zt03", "zt04"), 1):
         body = {"name": name, "mac": f"52:54:00:ab:01:{i:02x}", "ip": f"198.18.90.{i}"}
-        assert api.post("/api/v1/nodes", json=body | ({} if name == "ctl" else {"category": "zt"})).status_code == 201
+        assert (
+            api.post("/api/v1/nodes", json=body | ({} if name == "ctl" else {"category": "zt"})).status_code
+            == 201
+        )
     with Session(engine) as s:
         nodes = {n.name: n for n in s.exec(select(Node))}
         from bcm.models.base import utcnow
 
-        for name, state, inventoried in (("ctl", "ready", True), ("zt01", "booted", True), ("zt02", "provisioning", False),
-                                         ("zt03", "booted", False), ("zt04", "failed", True)):  # fmt: skip
+        for name, state, inventoried in (
+            ("ctl", "ready", True),
+            ("zt01", "booted", True),
+            ("zt02", "provisioning", False),
+            ("zt03", "booted", False),
+            ("zt04", "failed", True),
+        ):
             n = nodes[name]
             n.provision_state = state
             n.inventoried_at, n.facts = (utcnow(), {"format_version": 1}) if inventoried else (None, None)
@@ -177,15 +223,27 @@ def test_booted_nodes_join_their_categorys_cluster_in_one_batch(api: TestClient,
     joiner = autojoin.AutoJoin(engine, settings, runner, clock=lambda: now[0])
     # no cluster named zc yet: the nodes wait, and say so once
     [p] = plans()
-    assert p.joining == ["zt01"] and p.pending == ["zt02", "zt03"] and "no cluster named 'zc'" in (p.missing or "")
+    assert (
+        p.joining == ["zt01"]
+        and p.pending == ["zt02", "zt03"]
+        and "no cluster named 'zc'" in (p.missing or "")
+    )
     asyncio.run(joiner.tick())
     asyncio.run(joiner.tick())
-    assert runner.started == [] and len([e for e in events(engine, "node.join") if "wait to join" in e.message]) == 1
+    assert (
+        runner.started == []
+        and len([e for e in events(engine, "node.join") if "wait to join" in e.message]) == 1
+    )
 
     with Session(engine) as s:
         ctl = s.exec(select(Node).where(Node.name == "ctl")).one()
-        cluster = WlmCluster(name="zc", kind="slurm", controller_id=ctl.id, state="deployed",
-                             settings={"storage_loc": "zc_acct"})  # fmt: skip
+        cluster = WlmCluster(
+            name="zc",
+            kind="slurm",
+            controller_id=ctl.id,
+            state="deployed",
+            settings={"storage_loc": "zc_acct"},
+        )
         s.add(cluster)
         s.flush()
         s.add(WlmMember(cluster_id=cluster.id, node_id=ctl.id, role="compute"))
@@ -226,7 +284,9 @@ def test_booted_nodes_join_their_categorys_cluster_in_one_batch(api: TestClient,
             s.add(rows[name])
         s.commit()
     [p] = plans()
-    assert p.members == ["ctl", "zt01", "zt02", "zt03"] and p.joining == ["zt02"] and p.leaving == ("zt03",), p
+    assert (
+        p.members == ["ctl", "zt01", "zt02", "zt03"] and p.joining == ["zt02"] and p.leaving == ("zt03",)
+    ), p
     assert p.nodes() == ["ctl", "zt01", "zt02"]
     now[0] += autojoin.RETRY_S + 1
     asyncio.run(joiner.tick())
@@ -270,7 +330,9 @@ def test_an_agent_sends_its_nodes_facts_without_an_ssh_round(api: TestClient, en
     secret = api.post("/api/v1/nodes/zt01/token").json()["token"]
 
     def push(body: dict[str, Any], tok: str | None = secret) -> Any:
-        return api.post("/boot/v1/agent/facts", json=body, headers={"Authorization": f"Bearer {tok}" if tok else ""})
+        return api.post(
+            "/boot/v1/agent/facts", json=body, headers={"Authorization": f"Bearer {tok}" if tok else ""}
+        )
 
     assert push({"output": recorded}, None).status_code == 401
     assert push({"output": recorded}, "bcm_" + "x" * 40).status_code == 401
@@ -282,8 +344,11 @@ def test_an_agent_sends_its_nodes_facts_without_an_ssh_round(api: TestClient, en
 
     def send(url: str, token: str, body: bytes, timeout_s: float) -> int:
         sent.append(body)
-        r = api.post(url.removeprefix("http://testserver"), content=body,
-                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})  # fmt: skip
+        r = api.post(
+            url.removeprefix("http://testserver"),
+            content=body,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         if r.status_code >= 300:
             raise SendError(f"{r.status_code}", retryable=r.status_code >= 500)
         return r.status_code
@@ -307,8 +372,12 @@ def test_the_overlay_starts_the_agent_where_the_image_carries_it() -> None:
 
     unit = render("overlay/etc/systemd/system/bcm-agent.service.j2", node="zt01")
     assert "ConditionPathExists=/opt/bcm/bcm-agent.pyz" in unit and "After=bcm-hello.service" in unit
-    hello = render("overlay/usr/local/sbin/bcm-hello.j2", node="zt01", server_url="http://h", head="h", hosts=[])
+    hello = render(
+        "overlay/usr/local/sbin/bcm-hello.j2", node="zt01", server_url="http://h", head="h", hosts=[]
+    )
     assert '"push_facts": True' in hello
     plain, with_agent = Recipe(name="x1"), Recipe(name="x1", agent=True)
-    assert '"agent"' not in canonical_json(plain)  # keys of recipes without it unchanged: their layers stay cached
+    assert '"agent"' not in canonical_json(
+        plain
+    )  # keys of recipes without it unchanged: their layers stay cached
     assert canonical_json(with_agent) != canonical_json(plain)

@@ -114,8 +114,10 @@ class Prober:
         if not times:
             return "no answers"
         p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-        return (f"{len(times)} probes, p50 {statistics.median(times) * 1000:.0f} ms, "
-                f"p99 {p99 * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms")  # fmt: skip
+        return (
+            f"{len(times)} probes, p50 {statistics.median(times) * 1000:.0f} ms, "
+            f"p99 {p99 * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms"
+        )
 
 
 def test_200_clients_over_3_servers_get_no_5xx_and_move_nodes_only_legally(
@@ -130,15 +132,19 @@ def test_200_clients_over_3_servers_get_no_5xx_and_move_nodes_only_legally(
             conn.execute(text("UPDATE node SET provision_state = 'ready' WHERE name LIKE 'hc%'"))
             # from here on every change of state is recorded, whichever server makes it
             conn.execute(text("CREATE TABLE moves (node text, old text, new text, at timestamptz)"))
-            conn.execute(text(
-                "CREATE FUNCTION note_move() RETURNS trigger AS $$ BEGIN "
-                "INSERT INTO moves VALUES (NEW.name, OLD.provision_state, NEW.provision_state, clock_timestamp()); "
-                "RETURN NEW; END $$ LANGUAGE plpgsql"
-            ))  # fmt: skip
-            conn.execute(text(
-                "CREATE TRIGGER note_move AFTER UPDATE OF provision_state ON node FOR EACH ROW "
-                "WHEN (OLD.provision_state IS DISTINCT FROM NEW.provision_state) EXECUTE FUNCTION note_move()"
-            ))  # fmt: skip
+            conn.execute(
+                text(
+                    "CREATE FUNCTION note_move() RETURNS trigger AS $$ BEGIN "
+                    "INSERT INTO moves VALUES (NEW.name, OLD.provision_state, NEW.provision_state, clock_timestamp()); "
+                    "RETURN NEW; END $$ LANGUAGE plpgsql"
+                )
+            )
+            conn.execute(
+                text(
+                    "CREATE TRIGGER note_move AFTER UPDATE OF provision_state ON node FOR EACH ROW "
+                    "WHEN (OLD.provision_state IS DISTINCT FROM NEW.provision_state) EXECUTE FUNCTION note_move()"
+                )
+            )
 
         reports = {n: report(n) for n in NODES}
         rng = random.Random(627)
@@ -185,8 +191,12 @@ def test_200_clients_over_3_servers_get_no_5xx_and_move_nodes_only_legally(
 
             def all_ended() -> list[tuple[int, str]]:
                 with engine.connect() as conn:
-                    return [tuple(r) for r in conn.execute(text(
-                        "SELECT id, state FROM operation WHERE state IN ('pending', 'running')"))]  # fmt: skip
+                    return [
+                        tuple(r)
+                        for r in conn.execute(
+                            text("SELECT id, state FROM operation WHERE state IN ('pending', 'running')")
+                        )
+                    ]
 
             deadline = time.monotonic() + WAIT_S
             open_ops = all_ended()
@@ -201,8 +211,10 @@ def test_200_clients_over_3_servers_get_no_5xx_and_move_nodes_only_legally(
         for s, p in zip(servers, probers, strict=True):
             print(f"/healthz on {s.url} during the run: {p.figures()}")
         statuses = answers.statuses
-        print(f"{len(statuses)} requests over {SERVERS} servers, {CLIENTS} at a time: "
-              + ", ".join(f"{k}: {statuses.count(k)}" for k in sorted(set(statuses))))  # fmt: skip
+        print(
+            f"{len(statuses)} requests over {SERVERS} servers, {CLIENTS} at a time: "
+            + ", ".join(f"{k}: {statuses.count(k)}" for k in sorted(set(statuses)))
+        )
 
         assert not answers.server_errors(), answers.server_errors()[:5]
         assert set(statuses) <= {200, 201, 202, 409}, sorted(set(statuses))
@@ -218,8 +230,14 @@ def test_200_clients_over_3_servers_get_no_5xx_and_move_nodes_only_legally(
         with engine.connect() as conn:
             ops = [tuple(r) for r in conn.execute(text("SELECT id, kind, state, owner FROM operation"))]
             moves = [tuple(r) for r in conn.execute(text("SELECT node, old, new FROM moves ORDER BY at"))]
-            locked = [tuple(r) for r in conn.execute(text(
-                "SELECT name, lock_owner FROM node WHERE lock_owner IS NOT NULL OR lock_expires IS NOT NULL"))]  # fmt: skip
+            locked = [
+                tuple(r)
+                for r in conn.execute(
+                    text(
+                        "SELECT name, lock_owner FROM node WHERE lock_owner IS NOT NULL OR lock_expires IS NOT NULL"
+                    )
+                )
+            ]
             final = dict(tuple(r) for r in conn.execute(text("SELECT name, provision_state FROM node")))
             power = [
                 tuple(r)

@@ -56,8 +56,21 @@ def _ctl(name: str, *action: str) -> None:
 
 
 def _psql(port: int, sql: str) -> str:
-    return _run("runuser", "-u", "postgres", "--", "psql", "-h", "/var/run/postgresql", "-p", str(port),
-                "-d", "postgres", "-Atc", sql).stdout.strip()  # fmt: skip
+    return _run(
+        "runuser",
+        "-u",
+        "postgres",
+        "--",
+        "psql",
+        "-h",
+        "/var/run/postgresql",
+        "-p",
+        str(port),
+        "-d",
+        "postgres",
+        "-Atc",
+        sql,
+    ).stdout.strip()
 
 
 @dataclass
@@ -69,8 +82,10 @@ class Pair:
 
     @property
     def url(self) -> str:
-        return (f"postgresql+psycopg://bcm@/bcm?host=127.0.0.1:{self.p1}&host=127.0.0.1:{self.p2}"
-                "&target_session_attrs=read-write")  # fmt: skip
+        return (
+            f"postgresql+psycopg://bcm@/bcm?host=127.0.0.1:{self.p1}&host=127.0.0.1:{self.p2}"
+            "&target_session_attrs=read-write"
+        )
 
 
 @pytest.fixture
@@ -90,8 +105,27 @@ def pg_pair() -> Iterator[Pair]:
         _psql(pair.p1, "CREATE DATABASE bcm OWNER bcm")
         data = Path(f"/var/lib/postgresql/{VERSION}/{pair.standby}")
         shutil.rmtree(data)
-        _run("runuser", "-u", "postgres", "--", "pg_basebackup", "-h", "/var/run/postgresql", "-p", str(pair.p1),
-             "-D", str(data), "-R", "-X", "stream", "-C", "-S", pair.standby, "-c", "fast")  # fmt: skip
+        _run(
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            "pg_basebackup",
+            "-h",
+            "/var/run/postgresql",
+            "-p",
+            str(pair.p1),
+            "-D",
+            str(data),
+            "-R",
+            "-X",
+            "stream",
+            "-C",
+            "-S",
+            pair.standby,
+            "-c",
+            "fast",
+        )
         _ctl(pair.standby, "start")
         # synchronous from here on (set after cloning: the standby must not inherit it)
         _psql(pair.p1, "ALTER SYSTEM SET synchronous_standby_names = '*'")
@@ -124,19 +158,33 @@ def _report(name: str, seq: int) -> dict[str, object]:
         "hostname": name,
         "collected_at": datetime.now(UTC).isoformat(),
         "gpu_count": 1,
-        "gpus": [{"index": 0, "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, name)}", "temperature_c": 40,
-                  "power_draw_w": float(seq), "power_limit_w": 700.0}],  # fmt: skip
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, name)}",
+                "temperature_c": 40,
+                "power_draw_w": float(seq),
+                "power_limit_w": 700.0,
+            }
+        ],
     }
 
 
 def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: Path, pg_pair: Pair) -> None:
-    srv = Server(tmp_path / "state", database_url=pg_pair.url,
-                 extra_env={"BCM_DB__CONNECT_TIMEOUT_S": "2", "BCM_HEALTH__INTERVAL_S": "3600"})  # fmt: skip
+    srv = Server(
+        tmp_path / "state",
+        database_url=pg_pair.url,
+        extra_env={"BCM_DB__CONNECT_TIMEOUT_S": "2", "BCM_HEALTH__INTERVAL_S": "3600"},
+    )
     try:
         srv.start()  # inside: a start that timed out leaves a process to stop too
         admin = {"Authorization": f"Bearer {srv.token()}"}
-        r = httpx.post(f"{srv.url}/api/v1/nodes/bulk", json={"nodes": f"agent[01-{AGENTS:02d}]"}, headers=admin,
-                       timeout=30)  # fmt: skip
+        r = httpx.post(
+            f"{srv.url}/api/v1/nodes/bulk",
+            json={"nodes": f"agent[01-{AGENTS:02d}]"},
+            headers=admin,
+            timeout=30,
+        )
         assert r.status_code == 201, r.text
         agents = []
         for node in r.json():
@@ -149,8 +197,9 @@ def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: P
         started = time.monotonic()
 
         def run(agent: Agent) -> None:
-            with httpx.Client(base_url=srv.url, timeout=30,
-                              headers={"Authorization": f"Bearer {agent.token}"}) as c:  # fmt: skip
+            with httpx.Client(
+                base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {agent.token}"}
+            ) as c:
                 for seq in range(1, MAX_POSTS + 1):
                     if stop.is_set() or time.monotonic() - started > WALL_S:
                         return
@@ -185,7 +234,10 @@ def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: P
         _ctl(pg_pair.standby, "promote")
         _psql(pg_pair.p2, "ALTER SYSTEM RESET synchronous_standby_names")  # nothing to wait for any more
         _psql(pg_pair.p2, "SELECT pg_reload_conf()")
-        wait("every agent acknowledged by the new primary", lambda: all(len(a.acked(True)) >= 3 for a in agents))
+        wait(
+            "every agent acknowledged by the new primary",
+            lambda: all(len(a.acked(True)) >= 3 for a in agents),
+        )
         stop.set()
         for t in threads:
             t.join(60)
@@ -199,9 +251,9 @@ def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: P
         engine = create_engine(f"postgresql+psycopg://bcm@127.0.0.1:{pg_pair.p2}/bcm")
         try:
             with engine.connect() as conn:
-                rows = conn.execute(text(
-                    "SELECT n.name, r.gpus FROM healthrecord r JOIN node n ON n.id = r.node_id"
-                )).all()  # fmt: skip
+                rows = conn.execute(
+                    text("SELECT n.name, r.gpus FROM healthrecord r JOIN node n ON n.id = r.node_id")
+                ).all()
         finally:
             engine.dispose()
         stored: dict[str, set[int]] = {}
@@ -212,7 +264,9 @@ def test_standby_promotion_under_agents_loses_no_acknowledged_report(tmp_path: P
         assert {k: v for k, v in lost.items() if v} == {}, "acknowledged reports missing after the promotion"
         assert sum(len(a.acked()) for a in agents) >= 6 * AGENTS
         unavailable = sum(1 for a in agents for _, st, _ in a.answers if st == 503)
-        print(f"{sum(len(a.acked()) for a in agents)} reports acknowledged, {unavailable} answered 503 "
-              f"during the switch, {len(rows)} stored")  # fmt: skip
+        print(
+            f"{sum(len(a.acked()) for a in agents)} reports acknowledged, {unavailable} answered 503 "
+            f"during the switch, {len(rows)} stored"
+        )
     finally:
         srv.stop()

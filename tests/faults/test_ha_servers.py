@@ -78,7 +78,11 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Serve
     if request.param and (os.geteuid() != 0 or not shutil.which("dnsmasq")):
         pytest.skip("dnsmasq on loopback needs root and dnsmasq")
     with pg_schema() as url:
-        env = {"BCM_HA__LEASE_S": str(LEASE_S), "BCM_LOG_LEVEL": "info", **(PXE_ON_LO if request.param else {})}
+        env = {
+            "BCM_HA__LEASE_S": str(LEASE_S),
+            "BCM_LOG_LEVEL": "info",
+            **(PXE_ON_LO if request.param else {}),
+        }
         a = Server(tmp_path / "a", database_url=url, extra_env=env)
         b = Server(tmp_path / "b", database_url=url, extra_env=env)
         try:
@@ -118,8 +122,9 @@ def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
     try:
         first.start()
         second = Server(tmp_path / "state")  # same state dir, so the same bcm.db; another port
-        proc = subprocess.run([*BCM, "serve"], env=second.env(), cwd=REPO, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        proc = subprocess.run(
+            [*BCM, "serve"], env=second.env(), cwd=REPO, capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 1
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert lines[-1].startswith("error: another bcm serve (pid "), proc.stderr[-2000:]
@@ -150,8 +155,12 @@ def test_one_leader_status_and_kill_9_takeover_with_a_higher_epoch(pair: tuple[S
     assert table.returncode == 0, table.stderr
     assert f"epoch {epoch}" in table.stdout and view["leader"]["holder"] in table.stdout
 
-    viewer = httpx.post(f"{lead.url}/api/v1/tokens", json={"name": "ha-viewer", "role": "viewer"},
-                        headers={"Authorization": f"Bearer {token}"}, timeout=10)  # fmt: skip
+    viewer = httpx.post(
+        f"{lead.url}/api/v1/tokens",
+        json={"name": "ha-viewer", "role": "viewer"},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
     assert viewer.status_code == 201, viewer.text
     assert ha(follower, viewer.json()["token"])["leader"]["epoch"] == epoch  # a viewer may read it
     assert httpx.get(f"{follower.url}/api/v1/ha", timeout=10).status_code == 401
@@ -167,7 +176,10 @@ def test_one_leader_status_and_kill_9_takeover_with_a_higher_epoch(pair: tuple[S
 
     after = wait_for("the survivor takes the lease", taken_over)
     if "BCM_PXE__ENABLED" in a.extra_env:  # the dead leader's dnsmasq went with it; the survivor's runs
-        wait_for("dnsmasq on the survivor only", lambda: not live_dnsmasq(lead) and len(live_dnsmasq(follower)) == 1)
+        wait_for(
+            "dnsmasq on the survivor only",
+            lambda: not live_dnsmasq(lead) and len(live_dnsmasq(follower)) == 1,
+        )
     assert after["leader"]["holder"] != old_holder
     assert after["leader"]["epoch"] > epoch
     dead = next(s for s in after["servers"] if s["id"] == old_holder)
@@ -185,7 +197,9 @@ def test_a_frozen_leader_is_replaced_fenced_and_never_runs_dnsmasq_beside_the_ne
     lead, follower, view = one_leader(a, b, token)
     old_id, epoch = view["leader"]["holder"], view["leader"]["epoch"]
     if pxe:
-        wait_for("the leader's dnsmasq runs", lambda: len(live_dnsmasq(lead)) == 1 and not live_dnsmasq(follower))
+        wait_for(
+            "the leader's dnsmasq runs", lambda: len(live_dnsmasq(lead)) == 1 and not live_dnsmasq(follower)
+        )
     samples = 0
 
     def at_most_one_dnsmasq() -> None:
@@ -225,16 +239,27 @@ def test_a_frozen_leader_is_replaced_fenced_and_never_runs_dnsmasq_beside_the_ne
         at_most_one_dnsmasq()
         time.sleep(0.1)
     final = ha(follower, token)
-    assert final["leader"]["epoch"] >= new_epoch  # (a loaded machine may move the lease again: epochs only grow)
+    assert (
+        final["leader"]["epoch"] >= new_epoch
+    )  # (a loaded machine may move the lease again: epochs only grow)
     assert not pxe or samples > 0
 
-    events = httpx.get(f"{follower.url}/api/v1/events", params={"limit": 1000},
-                       headers={"Authorization": f"Bearer {token}"}, timeout=10).json()  # fmt: skip
-    ha_events = [(e["action"], e["target"], (e.get("detail") or {}).get("epoch"), e["time"]) for e in events
-                 if e["action"].startswith("ha.")]  # fmt: skip
+    events = httpx.get(
+        f"{follower.url}/api/v1/events",
+        params={"limit": 1000},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    ).json()
+    ha_events = [
+        (e["action"], e["target"], (e.get("detail") or {}).get("epoch"), e["time"])
+        for e in events
+        if e["action"].startswith("ha.")
+    ]
     assert ("ha.leader", new_id, new_epoch) in [e[:3] for e in ha_events]  # the takeover is in the audit log
     # after SIGCONT the old leader recorded its step-down as epoch ``epoch``: refused, so nothing it wrote as
     # that epoch is dated after the takeover (on a loaded machine it may have stepped down and back before)
     taken = datetime.fromisoformat(after["leader"]["acquired_at"])
-    late = [e for e in ha_events if e[1] == old_id and e[2] == epoch and datetime.fromisoformat(e[3]) >= taken]
+    late = [
+        e for e in ha_events if e[1] == old_id and e[2] == epoch and datetime.fromisoformat(e[3]) >= taken
+    ]
     assert late == [], ha_events

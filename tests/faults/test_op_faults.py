@@ -34,7 +34,9 @@ def _locked(srv: Server, hostlist: str) -> list[tuple[str, str | None]]:
 
 
 def test_an_inventory_through_a_postgresql_outage_ends_with_nothing_locked(
-    tmp_path: Path, cluster: Cluster, silent_ssh: int  # noqa: F811
+    tmp_path: Path,
+    cluster: Cluster,  # noqa: F811
+    silent_ssh: int,  # noqa: F811
 ) -> None:
     """PostgreSQL stops while an inventory runs and stays away past the job's end and its lease: the
     job's result writes fail, its lease lapses; once the database is back the operation is taken up
@@ -42,7 +44,11 @@ def test_an_inventory_through_a_postgresql_outage_ends_with_nothing_locked(
     srv = Server(
         tmp_path / "state",
         database_url=cluster.url,
-        extra_env={"BCM_SSH__PORT": str(silent_ssh), "BCM_SSH__CONNECT_TIMEOUT_S": "3", "BCM_OPS__LEASE_S": "3"},
+        extra_env={
+            "BCM_SSH__PORT": str(silent_ssh),
+            "BCM_SSH__CONNECT_TIMEOUT_S": "3",
+            "BCM_OPS__LEASE_S": "3",
+        },
     )
     srv.start()
     assert srv.log is not None

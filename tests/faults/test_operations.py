@@ -169,7 +169,9 @@ def test_sigterm_during_an_inventory_ends_it_before_exit(server: Server) -> None
     # the stopping server ended it itself: look in the database before any restart
     engine = create_engine(f"sqlite:///{server.state_dir / 'bcm.db'}")
     with engine.connect() as conn:
-        op = conn.execute(text("SELECT state, owner, error, results FROM operation WHERE id = :i"), {"i": op_id}).one()
+        op = conn.execute(
+            text("SELECT state, owner, error, results FROM operation WHERE id = :i"), {"i": op_id}
+        ).one()
         locks = conn.execute(text("SELECT count(*) FROM node WHERE lock_owner IS NOT NULL")).scalar()
     engine.dispose()
     assert op.state == "failed" and op.owner is None and locks == 0, op

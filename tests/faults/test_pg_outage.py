@@ -118,7 +118,9 @@ def test_health_writer_processes_outlive_a_postgresql_restart(tmp_path: Path, cl
     """Writer processes (health.ingest_processes) keep their connections between batches; across a restart
     of PostgreSQL a report is refused with 503 + Retry-After, never acknowledged unstored, and after it
     the agent's next tries are stored."""
-    srv = Server(tmp_path / "state", database_url=cluster.url, extra_env={"BCM_HEALTH__INGEST_PROCESSES": "2"})
+    srv = Server(
+        tmp_path / "state", database_url=cluster.url, extra_env={"BCM_HEALTH__INGEST_PROCESSES": "2"}
+    )
     srv.start()
     try:
         with client(srv) as c:

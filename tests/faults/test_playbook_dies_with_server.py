@@ -74,12 +74,15 @@ def test_a_killed_server_leaves_no_playbook_running(tmp_path: Path) -> None:
     playbooks = tmp_path / "playbooks"
     (playbooks / "roles").mkdir(parents=True)
     (playbooks / "sleep.yml").write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n"
-        "  tasks:\n    - command: sleep 300\n"
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n    - command: sleep 300\n"
     )
     env = {**os.environ, "BCM_ANSIBLE_DIR": str(playbooks)}
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         running: list[int] = []

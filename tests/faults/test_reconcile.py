@@ -80,7 +80,9 @@ def _runners(settings: Any, engine: Any, port: int) -> tuple[Runner, Runner, Clo
 
 
 def test_a_lapsed_lease_is_taken_up_by_another_server_within_one_lease(
-    engine: Any, settings: Any, silent_ssh: int  # noqa: F811
+    engine: Any,
+    settings: Any,
+    silent_ssh: int,  # noqa: F811
 ) -> None:
     """Server a stops renewing (it died); within one lease of the lapse server b takes the inventory
     up, keeps the result a stored, runs the nodes without one, and ends it with every lock released."""
@@ -117,7 +119,9 @@ def test_a_lapsed_lease_is_taken_up_by_another_server_within_one_lease(
 
 
 def test_a_paused_server_loses_its_operation_and_writes_nothing_more(
-    engine: Any, settings: Any, silent_ssh: int  # noqa: F811
+    engine: Any,
+    settings: Any,
+    silent_ssh: int,  # noqa: F811
 ) -> None:
     """Server a is frozen past its lease (its task alive, no renewal): b takes the operation; a's job
     then ends by itself and every write it tries is refused; a's next renewal stops its task. Never two
@@ -148,7 +152,9 @@ def test_a_paused_server_loses_its_operation_and_writes_nothing_more(
 
 
 def test_a_cancel_from_another_server_always_ends_cancelled(
-    engine: Any, settings: Any, silent_ssh: int  # noqa: F811
+    engine: Any,
+    settings: Any,
+    silent_ssh: int,  # noqa: F811
 ) -> None:
     """A cancel on server b of an operation running on server a: it ends cancelled, whatever a's job
     writes afterwards (its results and its finish are refused), locks released at once."""

@@ -45,7 +45,9 @@ def silent_bmc() -> Iterator[socket.socket]:
 def hung_bmc_nodes(srv: Server, listener: socket.socket, hostlist: str) -> None:
     port = listener.getsockname()[1]
     with client(srv) as c:
-        r = c.post("/api/v1/categories", json={"name": "hung", "bmc_protocol": "redfish", "bmc_user": "admin"})
+        r = c.post(
+            "/api/v1/categories", json={"name": "hung", "bmc_protocol": "redfish", "bmc_user": "admin"}
+        )
         assert r.status_code in (201, 409), r.text
         assert c.put("/api/v1/categories/hung/bmc-allow-http", json={"allow": True}).status_code == 200
         r = c.post("/api/v1/nodes/bulk", json={"nodes": hostlist, "category": "hung"})
@@ -99,7 +101,9 @@ def test_mixed_clients_on_sqlite_get_no_5xx(tmp_path: Path, clients: int) -> Non
             lambda c, n: c.post("/api/v1/nodes/actions/resume", json={"nodes": n}),
             lambda c, n: c.get("/api/v1/nodes", params={"limit": 50}),
             lambda c, n: c.get(f"/api/v1/nodes/{n}"),
-            lambda c, n: c.post(REPORT_URL, json=reports[n], headers={"Authorization": f"Bearer {tokens[n]}"}),
+            lambda c, n: c.post(
+                REPORT_URL, json=reports[n], headers={"Authorization": f"Bearer {tokens[n]}"}
+            ),
             lambda c, n: c.get("/healthz"),
             lambda c, n: c.get("/readyz"),
         ]
@@ -118,7 +122,9 @@ def test_mixed_clients_on_sqlite_get_no_5xx(tmp_path: Path, clients: int) -> Non
 # ---- hung BMCs ----------------------------------------------------------------------------------------
 
 
-def test_healthz_and_reads_answer_while_two_power_operations_hang(tmp_path: Path, silent_bmc: socket.socket) -> None:
+def test_healthz_and_reads_answer_while_two_power_operations_hang(
+    tmp_path: Path, silent_bmc: socket.socket
+) -> None:
     """Two power operations of 40 nodes against BMCs that never answer hold 64 BMC calls at once (more
     than the 40 request threads): /healthz and a plain read still answer while every call still hangs."""
     srv = started(tmp_path, BCM_POWER__TIMEOUT_S="300", BCM_POWER__RETRIES="0")
@@ -159,9 +165,13 @@ def test_a_failing_loop_is_retried_and_shutdown_still_stops_everything(
         conn.execute("ALTER TABLE wlm_cluster RENAME TO wlm_cluster_away")
     srv = Server(
         first.state_dir,
-        extra_env={"BCM_WLM__SYNC_INTERVAL_S": "0.1", "BCM_LOG_LEVEL": "debug", "BCM_POWER__TIMEOUT_S": "300",
-                   "BCM_POWER__RETRIES": "0"},
-    )  # fmt: skip
+        extra_env={
+            "BCM_WLM__SYNC_INTERVAL_S": "0.1",
+            "BCM_LOG_LEVEL": "debug",
+            "BCM_POWER__TIMEOUT_S": "300",
+            "BCM_POWER__RETRIES": "0",
+        },
+    )
     srv.start()
     assert srv.proc is not None and srv.log is not None
     log = srv.log
@@ -224,7 +234,9 @@ def test_kill_9_of_the_server_leaves_no_writer_process(tmp_path: Path) -> None:
         wait_for("the writer processes gone", lambda: not any(alive(p) for p in writers), tries=200)
     finally:
         srv.stop()
-        for pid in [p for p in locals().get("writers", ()) if alive(p)]:  # left by a failure: not for later tests
+        for pid in [
+            p for p in locals().get("writers", ()) if alive(p)
+        ]:  # left by a failure: not for later tests
             os.kill(pid, signal.SIGKILL)
 
 
@@ -238,7 +250,7 @@ def test_sigterm_with_a_stuck_request_ends_within_its_bound(tmp_path: Path) -> N
             stuck.sendall(
                 b"POST /api/v1/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 + f"Authorization: Bearer {srv.token()}\r\n".encode()
-                + b"Content-Length: 1000\r\n\r\n{\"name\": "
+                + b'Content-Length: 1000\r\n\r\n{"name": '
             )
             with client(srv) as c:  # the server has taken the stuck request and goes on answering
                 assert c.get("/api/v1/nodes").status_code == 200

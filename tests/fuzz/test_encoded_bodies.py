@@ -29,8 +29,24 @@ ENCODINGS = {
     "utf-32-be-bom": lambda t: b"\x00\x00\xfe\xff" + t.encode("utf-32-be"),
 }
 EVIL = "gpu01\u0000\n\x1b[31m\u009b"  # NUL, a newline, an ANSI escape, CSI
-FIELDS = ("name", "nodes", "comment", "description", "mac", "host_key", "recipe", "user", "role", "password",
-          "department", "category", "ssh_host_key", "kernel_args", "hostname", "agent_version")  # fmt: skip
+FIELDS = (
+    "name",
+    "nodes",
+    "comment",
+    "description",
+    "mac",
+    "host_key",
+    "recipe",
+    "user",
+    "role",
+    "password",
+    "department",
+    "category",
+    "ssh_host_key",
+    "kernel_args",
+    "hostname",
+    "agent_version",
+)
 BODIES = {
     "control": {field: EVIL for field in FIELDS} | {"facts": {"nics": [{"name": EVIL}]}},
     "deep": {"name": "z1", "nodes": "z1", "facts": json.loads("[" * 40 + "]" * 40)},

@@ -22,9 +22,7 @@ pytestmark = pytest.mark.integration
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # operations that reach other machines (SSH, BMCs, Debian mirrors) or start background work against them
-EXCLUDED = (
-    r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|images/(build|[^/]+/push)|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
-)
+EXCLUDED = r"^/api/v1/(nodes/(trust|actions/.*)|agents/deploy|images/(build|[^/]+/push)|wlm/(slurm/deploy|actions/.*|[^/]+/(verify|sync)))$"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -49,19 +47,34 @@ def test_no_server_errors_and_every_answer_documented(server: Server, tmp_path: 
     seeded = server.cli("node", "add", "gpu[01-04]", "--mac", "52:54:00:00:00:01", "--ip", "198.18.0.11")
     assert seeded.returncode == 0, seeded.stderr
     cmd = [
-        str(SCHEMATHESIS), "--config-file", str(CONFIG), "run", f"{server.url}/openapi.json",
-        "--checks", "all",
-        "--max-examples", "15",
-        "--max-time", "240",
-        "--request-timeout", "30",
-        "--seed", "8470",
+        str(SCHEMATHESIS),
+        "--config-file",
+        str(CONFIG),
+        "run",
+        f"{server.url}/openapi.json",
+        "--checks",
+        "all",
+        "--max-examples",
+        "15",
+        "--max-time",
+        "240",
+        "--request-timeout",
+        "30",
+        "--seed",
+        "8470",
         "--generation-deterministic",
-        "--workers", "1",
-        "--exclude-path-regex", EXCLUDED,
-        "-H", f"Authorization: Bearer {server.token()}",
+        "--workers",
+        "1",
+        "--exclude-path-regex",
+        EXCLUDED,
+        "-H",
+        f"Authorization: Bearer {server.token()}",
         "--no-color",
-        "--report", "junit", "--report-dir", str(tmp_path / "report"),
-    ]  # fmt: skip
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = run.stdout[-12000:] + run.stderr[-2000:]
     assert run.returncode == 0, log

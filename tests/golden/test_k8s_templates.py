@@ -38,8 +38,15 @@ def tools_dir() -> Path:
 
 
 def _host(name: str, ip: str, gpus: int = 2) -> WlmHost:
-    return WlmHost(name, ip, "ssh-ed25519 AAAA", {}, [(i, H100) for i in range(gpus)], None,
-                   {i: 81559 for i in range(gpus)})  # fmt: skip
+    return WlmHost(
+        name,
+        ip,
+        "ssh-ed25519 AAAA",
+        {},
+        [(i, H100) for i in range(gpus)],
+        None,
+        {i: 81559 for i in range(gpus)},
+    )
 
 
 CP = _host("cp01", "198.18.50.11", 0)
@@ -48,9 +55,19 @@ NODES = [_host("gpu01", "198.18.50.21"), _host("gpu02", "198.18.50.22")]
 
 def _ctx(mode: str, **settings: Any) -> dict[str, Any]:
     s = k8s.KubernetesSettings(mode=mode, **settings)  # type: ignore[arg-type]
-    return {"cluster": "prod", "cp": CP, "s": s, "bin": kdrv.BIN_DIR, "pki": kdrv.NODE_DIR,
-            "data": kdrv.DATA_DIR, "kueue_dir": kdrv.KUEUE_DIR, "kwok_group": "bcm:kwok",
-            "token": TOKEN, "ca_hash": CA_HASH, "cp_is_worker": False}  # fmt: skip
+    return {
+        "cluster": "prod",
+        "cp": CP,
+        "s": s,
+        "bin": kdrv.BIN_DIR,
+        "pki": kdrv.NODE_DIR,
+        "data": kdrv.DATA_DIR,
+        "kueue_dir": kdrv.KUEUE_DIR,
+        "kwok_group": "bcm:kwok",
+        "token": TOKEN,
+        "ca_hash": CA_HASH,
+        "cp_is_worker": False,
+    }
 
 
 def _golden(name: str, text: str) -> None:
@@ -67,7 +84,9 @@ def _rendered() -> dict[str, str]:
     node = {"node": NODES[0], "pod_cidr": k8s.node_pod_cidr("10.244.0.0/16", 0)}
     out = {
         "kubeadm/init.yaml": render("kubernetes/kubeadm/init.yaml.j2", **real),
-        "kubeadm/init-worker-cp.yaml": render("kubernetes/kubeadm/init.yaml.j2", **{**real, "cp_is_worker": True}),
+        "kubeadm/init-worker-cp.yaml": render(
+            "kubernetes/kubeadm/init.yaml.j2", **{**real, "cp_is_worker": True}
+        ),
         "kubeadm/join.yaml": render("kubernetes/kubeadm/join.yaml.j2", **real, **node),
         "containerd/config.toml": render("kubernetes/containerd/config.toml.j2", **_ctx("kubeadm")),
         "containerd/config-nvidia.toml": render("kubernetes/containerd/config.toml.j2", **real),
@@ -76,8 +95,9 @@ def _rendered() -> dict[str, str]:
         "kueue/config.yaml": render("kubernetes/kueue/config.yaml.j2", **real),
         "kueue/kueue.sh": render("kubernetes/kueue/kueue.sh.j2", **real),
         "rbac.yaml": render("kubernetes/rbac.yaml.j2", **real),
-        "lab/kwok.sh": render("kubernetes/lab/kwok.sh.j2", **lab,
-                              node=NODES[1], pod_cidr=k8s.node_pod_cidr("198.19.64.0/18", 1)),  # fmt: skip
+        "lab/kwok.sh": render(
+            "kubernetes/lab/kwok.sh.j2", **lab, node=NODES[1], pod_cidr=k8s.node_pod_cidr("198.19.64.0/18", 1)
+        ),
     }
     for c in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
         out[f"lab/{c}.sh"] = render(f"kubernetes/lab/{c}.sh.j2", **lab)
@@ -101,8 +121,13 @@ def test_yaml_and_json_files_parse() -> None:
 def test_kubeadm_validates_its_configs(name: str, tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(_rendered()[name])
-    done = subprocess.run([str(tools_dir() / "kubeadm"), "config", "validate", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(tools_dir() / "kubeadm"), "config", "validate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -110,8 +135,13 @@ def test_kubeadm_rejects_a_broken_config(tmp_path: Path) -> None:
     """The validation above can fail: an unknown field is refused."""
     path = tmp_path / "config.yaml"
     path.write_text(_rendered()["kubeadm/join.yaml"].replace("criSocket:", "criSockett:"))
-    done = subprocess.run([str(tools_dir() / "kubeadm"), "config", "validate", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(tools_dir() / "kubeadm"), "config", "validate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode != 0 and "criSockett" in done.stdout + done.stderr
 
 

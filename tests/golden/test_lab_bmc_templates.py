@@ -18,7 +18,9 @@ GOLDEN = Path(__file__).parent / "lab_bmc"
 
 def _spec(kind: str) -> bmc.BmcSpec:
     port = 623 if kind == "ipmi" else 8000
-    return bmc.BmcSpec(kind, "vm01", "198.18.60.201", port, "admin", "pw-1234", "/var/lib/bcm-lab/vms/vm01/bmc")
+    return bmc.BmcSpec(
+        kind, "vm01", "198.18.60.201", port, "admin", "pw-1234", "/var/lib/bcm-lab/vms/vm01/bmc"
+    )
 
 
 def _rendered() -> dict[str, str]:

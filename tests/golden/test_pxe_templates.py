@@ -23,8 +23,13 @@ BOOT_URL = "http://198.18.0.1:8470/boot/v1/ipxe/boot.ipxe"
 
 
 def _settings(tmp: Path, **pxe: object) -> Settings:
-    base: dict[str, object] = {"enabled": True, "interface": "bcmlab-prov", "address": "198.18.0.1",
-                               "range_start": "198.18.0.100", "range_end": "198.18.0.199"}  # fmt: skip
+    base: dict[str, object] = {
+        "enabled": True,
+        "interface": "bcmlab-prov",
+        "address": "198.18.0.1",
+        "range_start": "198.18.0.100",
+        "range_end": "198.18.0.199",
+    }
     base.update(pxe)
     return Settings(state_dir=Path("/var/lib/bcm"), pxe=PxeSettings(**base))  # type: ignore[arg-type]
 
@@ -102,7 +107,9 @@ def test_bad_pxe_settings_name_the_field(pxe: dict[str, object], field: str, tmp
 def test_host_files(tmp_path: Path) -> None:
     _golden("host.conf", dnsmasq.render_host("52:54:00:1a:00:01", "198.18.0.50", "gpu01"))
     d = tmp_path / "hosts"
-    assert dnsmasq.write_hosts(d, [("52:54:00:1a:00:01", "198.18.0.50", "gpu01"), ("52:54:00:1a:00:02", None, "gpu02")]) == (2, 0)
+    assert dnsmasq.write_hosts(
+        d, [("52:54:00:1a:00:01", "198.18.0.50", "gpu01"), ("52:54:00:1a:00:02", None, "gpu02")]
+    ) == (2, 0)
     assert dnsmasq.write_hosts(d, [("52:54:00:1a:00:02", None, "gpu02")]) == (0, 1)
     assert sorted(p.name for p in d.iterdir()) == ["52-54-00-1a-00-02.conf"]
     assert (d / "52-54-00-1a-00-02.conf").read_text().endswith("dhcp-host=52:54:00:1a:00:02,gpu02\n")
@@ -110,26 +117,47 @@ def test_host_files(tmp_path: Path) -> None:
 
 IPXE = {
     "boot.ipxe": ("ipxe/boot.ipxe.j2", {"server_url": "http://198.18.0.1:8470"}),
-    "discovery.ipxe": ("ipxe/discovery.ipxe.j2", {
-        "mac": "52:54:00:1a:00:01", "image": "base:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
-        "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
-        "cmdline": "console=ttyS0,115200 bcm.discover=http://198.18.0.1:8470/boot/v1/discover bcm.mac=52:54:00:1a:00:01"}),
-    "image.ipxe": ("ipxe/image.ipxe.j2", {
-        "node": "gpu01", "image": "base:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
-        "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
-        "cmdline": "console=ttyS0,115200 quiet bcm.root=http://198.18.0.1:8470/boot/v1/images/base/3/rootfs.squashfs bcm.token=bcmboot_x",
-        "install": None}),
-    "install.ipxe": ("ipxe/image.ipxe.j2", {
-        "node": "gpu01", "image": "disk:3", "kernel_url": "http://198.18.0.1:8470/boot/v1/images/disk/3/vmlinuz",
-        "initrd_url": "http://198.18.0.1:8470/boot/v1/images/disk/3/initramfs.img",
-        "cmdline": "console=ttyS0,115200 bcm.root=http://198.18.0.1:8470/boot/v1/images/disk/3/rootfs.squashfs bcm.token=bcmboot_x"
-                   " bcm.install=http://198.18.0.1:8470/boot/v1/install/52:54:00:1a:00:01",
-        "install": "full"}),
-    "refused.ipxe": ("ipxe/refused.ipxe.j2", {"node": "gpu01", "message": "198.18.0.66 is not the address this boot is bound to"}),
+    "discovery.ipxe": (
+        "ipxe/discovery.ipxe.j2",
+        {
+            "mac": "52:54:00:1a:00:01",
+            "image": "base:3",
+            "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
+            "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
+            "cmdline": "console=ttyS0,115200 bcm.discover=http://198.18.0.1:8470/boot/v1/discover bcm.mac=52:54:00:1a:00:01",
+        },
+    ),
+    "image.ipxe": (
+        "ipxe/image.ipxe.j2",
+        {
+            "node": "gpu01",
+            "image": "base:3",
+            "kernel_url": "http://198.18.0.1:8470/boot/v1/images/base/3/vmlinuz",
+            "initrd_url": "http://198.18.0.1:8470/boot/v1/images/base/3/initramfs.img",
+            "cmdline": "console=ttyS0,115200 quiet bcm.root=http://198.18.0.1:8470/boot/v1/images/base/3/rootfs.squashfs bcm.token=bcmboot_x",
+            "install": None,
+        },
+    ),
+    "install.ipxe": (
+        "ipxe/image.ipxe.j2",
+        {
+            "node": "gpu01",
+            "image": "disk:3",
+            "kernel_url": "http://198.18.0.1:8470/boot/v1/images/disk/3/vmlinuz",
+            "initrd_url": "http://198.18.0.1:8470/boot/v1/images/disk/3/initramfs.img",
+            "cmdline": "console=ttyS0,115200 bcm.root=http://198.18.0.1:8470/boot/v1/images/disk/3/rootfs.squashfs bcm.token=bcmboot_x"
+            " bcm.install=http://198.18.0.1:8470/boot/v1/install/52:54:00:1a:00:01",
+            "install": "full",
+        },
+    ),
+    "refused.ipxe": (
+        "ipxe/refused.ipxe.j2",
+        {"node": "gpu01", "message": "198.18.0.66 is not the address this boot is bound to"},
+    ),
     "local.ipxe": ("ipxe/local.ipxe.j2", {"node": "gpu01", "state": "ready", "disk": False}),
     "local-disk.ipxe": ("ipxe/local.ipxe.j2", {"node": "gpu01", "state": "provisioning", "disk": True}),
     "noimage.ipxe": ("ipxe/noimage.ipxe.j2", {"node": "gpu01", "message": "no image assigned"}),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(IPXE))

@@ -36,8 +36,11 @@ def publish(state: Path) -> tuple[str, bytes]:
         staging = image_svc.staging_dir(settings.images_dir, "art", image.version, 1)
         staging.mkdir(parents=True)
         found = []
-        for kind, filename, body in (("kernel", "vmlinuz", b"k"), ("initramfs", "initramfs.img", b"i"),
-                                     ("rootfs", "rootfs.squashfs", data)):  # fmt: skip
+        for kind, filename, body in (
+            ("kernel", "vmlinuz", b"k"),
+            ("initramfs", "initramfs.img", b"i"),
+            ("rootfs", "rootfs.squashfs", data),
+        ):
             (staging / filename).write_bytes(body)
             found.append(imagebuild.Artifact(kind, filename, len(body), hashlib.sha256(body).hexdigest()))
         image_svc.publish(s, image, staging, settings.images_dir, found, {}, 3)
@@ -103,7 +106,10 @@ def test_a_range_goes_by_sendfile_and_several_ranges_still_answer(served: tuple[
         assert several.status_code == 206
         boundary = several.headers["content-type"].split("boundary=", 1)[1]
         parts = [p for p in several.content.split(f"--{boundary}".encode()) if p.strip(b"-\r\n")]
-        assert [p.partition(b"\r\n\r\n")[2].removesuffix(b"\r\n") for p in parts] == [data[:10], data[5000:5010]]
+        assert [p.partition(b"\r\n\r\n")[2].removesuffix(b"\r\n") for p in parts] == [
+            data[:10],
+            data[5000:5010],
+        ]
         assert b"Content-Range: bytes 5000-5009/" in parts[1]
 
         past = client.get(path, headers={"Range": f"bytes={SIZE}-{SIZE + 10}"})
@@ -163,8 +169,10 @@ def _stalled_download(server: Server, path: str, source: str) -> socket.socket:
 
 def test_one_client_cannot_hold_every_slot(tmp_path: Path) -> None:
     """20 stalled readers from one address hold only its share; another address still downloads."""
-    server = Server(tmp_path / "state", extra_env={"BCM_IMAGES__MAX_TRANSFERS": "4",
-                                                  "BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT": "2"})  # fmt: skip
+    server = Server(
+        tmp_path / "state",
+        extra_env={"BCM_IMAGES__MAX_TRANSFERS": "4", "BCM_IMAGES__MAX_TRANSFERS_PER_CLIENT": "2"},
+    )
     server.start()
     held: list[socket.socket] = []
     try:
@@ -172,7 +180,9 @@ def test_one_client_cannot_hold_every_slot(tmp_path: Path) -> None:
         held = [_stalled_download(server, path, "127.0.0.1") for _ in range(2)]
         refused = httpx.get(f"{server.url}{path}", timeout=30)  # the same address: over its share
         assert refused.status_code == 503 and "already has 2" in refused.json()["message"]
-        other = socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0))
+        other = socket.create_connection(
+            ("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0)
+        )
         with other:
             other.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
             answer = b""
@@ -187,9 +197,14 @@ def test_one_client_cannot_hold_every_slot(tmp_path: Path) -> None:
 
 
 def test_a_reader_under_the_minimum_rate_is_dropped_and_frees_its_slot(tmp_path: Path) -> None:
-    server = Server(tmp_path / "state", extra_env={"BCM_IMAGES__MAX_TRANSFERS": "1",
-                                                  "BCM_IMAGES__MIN_RATE_BYTES_S": str(8 << 20),
-                                                  "BCM_IMAGES__MIN_RATE_WINDOW_S": "1"})  # fmt: skip
+    server = Server(
+        tmp_path / "state",
+        extra_env={
+            "BCM_IMAGES__MAX_TRANSFERS": "1",
+            "BCM_IMAGES__MIN_RATE_BYTES_S": str(8 << 20),
+            "BCM_IMAGES__MIN_RATE_WINDOW_S": "1",
+        },
+    )
     server.start()
     try:
         path, data = publish(server.state_dir)

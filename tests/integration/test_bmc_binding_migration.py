@@ -31,8 +31,12 @@ def test_columns_come_and_go_and_old_passwords_stay_unbound(db_url: str) -> None
     command.upgrade(cfg, BEFORE)
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO category (id, name, created_at, bmc_password_enc) VALUES (1, 'r', :now, 'enc-c')"),
-                     {"now": NOW})  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO category (id, name, created_at, bmc_password_enc) VALUES (1, 'r', :now, 'enc-c')"
+            ),
+            {"now": NOW},
+        )
         conn.execute(
             text(
                 "INSERT INTO node (id, name, category_id, provision_state, created_at, updated_at, bmc_address,"

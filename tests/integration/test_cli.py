@@ -76,11 +76,17 @@ def test_errors_are_one_red_line(server: Server) -> None:
     assert len(json.loads(ok(server.cli("node", "list", "--json")))) == 1
     # a bad setting stops `bcm serve` with the variable named, before anything is started
     bad = {"BCM_HEALTH__INGEST_LINGER_MS": "-1", "BCM_STATE_DIR": str(server.state_dir / "never")}
-    failed_with(server.cli("serve", "--port", "1", **bad), "BCM_HEALTH__INGEST_LINGER_MS", "greater than or equal to 0")
+    failed_with(
+        server.cli("serve", "--port", "1", **bad),
+        "BCM_HEALTH__INGEST_LINGER_MS",
+        "greater than or equal to 0",
+    )
     never = {"BCM_STATE_DIR": str(server.state_dir / "never")}
     failed_with(server.cli("serve", "--port", "70000", **never), "option --port", "65535")
     failed_with(server.cli("serve", "--log-level", "loud", **never), "option --log-level", "use debug, info")
-    failed_with(server.cli("serve", **never, BCM_LOG_LEVEL="loud"), "setting BCM_LOG_LEVEL", "use debug, info")
+    failed_with(
+        server.cli("serve", **never, BCM_LOG_LEVEL="loud"), "setting BCM_LOG_LEVEL", "use debug, info"
+    )
     assert not (server.state_dir / "never").exists()  # nothing was started
 
 
@@ -228,7 +234,9 @@ HOSTILE = {
 }
 
 
-def test_data_from_unauthenticated_machines_is_printed_as_text_never_as_markup_or_escapes(server: Server) -> None:
+def test_data_from_unauthenticated_machines_is_printed_as_text_never_as_markup_or_escapes(
+    server: Server,
+) -> None:
     """A discovered machine's facts hold terminal escapes, rich markup and emoji codes; the CLI shows them
     escaped and literal. Control characters are refused at discovery now, so they are written into the
     database as facts stored before that check would be; markup and ``:ab:`` pass discovery as they are."""
@@ -259,7 +267,9 @@ def test_data_from_unauthenticated_machines_is_printed_as_text_never_as_markup_o
         assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\u202e" not in text
         assert r"\x1b]0;pwned\x07[bold]x[/bold]" in text  # escaped, and the markup literal
         assert "52:54:00:ab:cd:ef" in text and "\U0001f18e" not in text  # no emoji (rich's :ab:)
-    assert "?" in listed.split("mac-525400abcdef", 1)[1].splitlines()[0]  # the 4,000-digit memory, not a crash
+    assert (
+        "?" in listed.split("mac-525400abcdef", 1)[1].splitlines()[0]
+    )  # the 4,000-digit memory, not a crash
     assert r"\x1b]8;;http://evil.example/\x1b\click\x1b]8;;\x1b\abc\u202edcb" in shown
     assert "node:ab:" in shown and r"6.1\x9b31m" in shown
     # an error naming the value prints it as text too
@@ -267,4 +277,6 @@ def test_data_from_unauthenticated_machines_is_printed_as_text_never_as_markup_o
     assert bad.returncode != 0 and "\x1b" not in bad.stderr
     # --json escapes control characters as JSON does
     raw = ok(server.cli("node", "show", "mac-525400abcdef", "--json"))
-    assert "\x1b" not in raw and json.loads(raw)["hardware"]["facts"]["cpu"]["model"].startswith("\x1b]0;pwned")
+    assert "\x1b" not in raw and json.loads(raw)["hardware"]["facts"]["cpu"]["model"].startswith(
+        "\x1b]0;pwned"
+    )

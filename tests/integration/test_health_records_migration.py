@@ -47,16 +47,29 @@ def _seed(url: str) -> None:
                     " power_draw_w, ecc_sbe_volatile, xid)"
                     " VALUES (:n, :u, :i, :t, :v, :temp, :p, :sbe, :xid)"
                 ),
-                {"n": node_id, "u": uuid, "i": index, "t": t, "v": verdict, "temp": temp, "p": power,
-                 "sbe": sbe, "xid": xid},
-            )  # fmt: skip
+                {
+                    "n": node_id,
+                    "u": uuid,
+                    "i": index,
+                    "t": t,
+                    "v": verdict,
+                    "temp": temp,
+                    "p": power,
+                    "sbe": sbe,
+                    "xid": xid,
+                },
+            )
         # past the migration's batches of 1,000: node 3 with 2,500 one-GPU reports
         conn.execute(
-            text("INSERT INTO node (id, name, provision_state, created_at, updated_at) VALUES (3, 'gpu03', 'ready', :t, :t)"),
+            text(
+                "INSERT INTO node (id, name, provision_state, created_at, updated_at) VALUES (3, 'gpu03', 'ready', :t, :t)"
+            ),
             {"t": T1},
         )
         conn.execute(
-            text("INSERT INTO healthsample (node_id, uuid, gpu_index, time, verdict) VALUES (3, 'GPU-d', 0, :t, 'OK')"),
+            text(
+                "INSERT INTO healthsample (node_id, uuid, gpu_index, time, verdict) VALUES (3, 'GPU-d', 0, :t, 'OK')"
+            ),
             [{"t": T1 + timedelta(seconds=i)} for i in range(MANY)],
         )
     engine.dispose()
@@ -72,7 +85,9 @@ def test_samples_become_one_record_per_report_and_split_back(db_url: str) -> Non
     assert "healthsample" not in inspect(engine).get_table_names()
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT node_id, gpus FROM healthrecord ORDER BY id")).all()
-    records = [(n, json.loads(g) if isinstance(g, str) else g) for n, g in rows if n != 3]  # SQLite: JSON text
+    records = [
+        (n, json.loads(g) if isinstance(g, str) else g) for n, g in rows if n != 3
+    ]  # SQLite: JSON text
     assert sum(1 for n, _ in rows if n == 3) == MANY
     # one record per (node, report time); GPUs in index order, values in RECORD_FIELDS order
     assert [(n, [g[:3] for g in gpus]) for n, gpus in records] == [
@@ -103,4 +118,6 @@ def test_samples_become_one_record_per_report_and_split_back(db_url: str) -> Non
         assert conn.execute(text("SELECT count(*) FROM healthsample WHERE node_id = 3")).scalar_one() == MANY
     engine.dispose()
     want = sorted(SAMPLES, key=lambda s: (s[0], s[1], s[2]))
-    assert [tuple(r) for r in back] == [(n, i, u, v, temp, p, sbe, x) for n, _t, i, u, v, temp, p, sbe, x in want]
+    assert [tuple(r) for r in back] == [
+        (n, i, u, v, temp, p, sbe, x) for n, _t, i, u, v, temp, p, sbe, x in want
+    ]

@@ -82,15 +82,20 @@ def test_base_image_is_node_neutral(base_build: imagebuild.BuildResult) -> None:
 def test_initramfs_holds_busybox_init_and_modules(base_build: imagebuild.BuildResult, tmp_path: Path) -> None:
     listing = subprocess.run(
         f"gzip -dc {base_build.staging / 'initramfs.img'} | cpio -t --quiet",
-        shell=True, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert {"init", "bin/busybox", "bin/udhcpc", "bin/switch_root", "etc/bcm/modules"} <= set(listing)
     assert any(name.endswith("/virtio_net.ko") for name in listing)
     assert any(name.endswith("/squashfs.ko") for name in listing)
     subprocess.run(
         f"gzip -dc {base_build.staging / 'initramfs.img'} | cpio -id --quiet etc/bcm/modules",
-        shell=True, cwd=tmp_path, check=True,
-    )  # fmt: skip
+        shell=True,
+        cwd=tmp_path,
+        check=True,
+    )
     order = [line.rsplit("/", 1)[-1] for line in (tmp_path / "etc/bcm/modules").read_text().split()]
     assert order.index("failover.ko") < order.index("net_failover.ko") < order.index("virtio_net.ko")
 
@@ -98,8 +103,10 @@ def test_initramfs_holds_busybox_init_and_modules(base_build: imagebuild.BuildRe
 def test_rootfs_squashfs_holds_the_tree(base_build: imagebuild.BuildResult) -> None:
     listing = subprocess.run(
         ["unsquashfs", "-l", "-no-progress", str(base_build.staging / "rootfs.squashfs")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "squashfs-root/usr/sbin/sshd" in listing
     assert "squashfs-root/boot/initrd.img" not in listing
 
@@ -178,8 +185,10 @@ def test_nvidia_driver_layer(nvidia_build: imagebuild.BuildResult) -> None:
     kver = manifest["kernel_version"]
     version = subprocess.run(
         ["chroot", str(tree), "/sbin/modinfo", "-k", kver, "-F", "version", "nvidia-current"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert version.startswith("535.")
     # both are symlinks through the image's own /etc/alternatives: look inside the image, not on the host
     for path in ("/usr/bin/nvidia-smi", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"):

@@ -14,8 +14,19 @@ from bcm.db import alembic_config
 
 BEFORE, AFTER = "0019_wlm_usage", "0020_install"
 NOW = "2026-01-01 00:00:00+00:00"
-COLUMNS = {"install_mode", "next_install_mode", "data_node", "wipe_confirmed", "install_state", "installed_image",
-           "installed_layout", "installed_at", "install_bytes", "booted_image", "booted_from"}  # fmt: skip
+COLUMNS = {
+    "install_mode",
+    "next_install_mode",
+    "data_node",
+    "wipe_confirmed",
+    "install_state",
+    "installed_image",
+    "installed_layout",
+    "installed_at",
+    "install_bytes",
+    "booted_image",
+    "booted_from",
+}
 
 
 def test_install_columns_come_as_modelled_and_go(db_url: str) -> None:
@@ -23,15 +34,23 @@ def test_install_columns_come_as_modelled_and_go(db_url: str) -> None:
     command.upgrade(cfg, BEFORE)
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO category (name, created_at, bmc_allow_http) VALUES ('gpu', :t, false)"),
-                     {"t": NOW})  # fmt: skip
-        conn.execute(text("INSERT INTO node (name, provision_state, created_at, updated_at) VALUES ('n01', 'booted', :t, :t)"),
-                     {"t": NOW})  # fmt: skip
+        conn.execute(
+            text("INSERT INTO category (name, created_at, bmc_allow_http) VALUES ('gpu', :t, false)"),
+            {"t": NOW},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO node (name, provision_state, created_at, updated_at) VALUES ('n01', 'booted', :t, :t)"
+            ),
+            {"t": NOW},
+        )
     engine.dispose()
     command.upgrade(cfg, AFTER)
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        row = conn.execute(text("SELECT install_mode, data_node, wipe_confirmed, install_state FROM node")).one()
+        row = conn.execute(
+            text("SELECT install_mode, data_node, wipe_confirmed, install_state FROM node")
+        ).one()
         assert tuple(row) == (None, False, False, None)
         assert conn.execute(text("SELECT install_mode, disk_layout FROM category")).one() == (None, None)
         diffs = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)

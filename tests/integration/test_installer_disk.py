@@ -22,10 +22,22 @@ import pytest
 from bcm.devserver import REPO, Server
 from bcm.domain import disk_layout as dl
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("losetup"), reason="needs root and losetup")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("losetup"), reason="needs root and losetup"
+)
 
-LAYOUT = {"disks": [{"path": "/dev/LOOP", "partitions": [
-    {"size": "4G", "mount": "/"}, {"size": "256M", "fs": "swap"}, {"size": "rest", "fs": "xfs", "mount": "/scratch"}]}]}  # fmt: skip
+LAYOUT = {
+    "disks": [
+        {
+            "path": "/dev/LOOP",
+            "partitions": [
+                {"size": "4G", "mount": "/"},
+                {"size": "256M", "fs": "swap"},
+                {"size": "rest", "fs": "xfs", "mount": "/scratch"},
+            ],
+        }
+    ]
+}
 HARNESS = """\
 fail() {{ echo "bcm-init: FAIL $*"; exit 1; }}
 wget() {{ out=""; while [ $# -gt 0 ]; do case "$1" in -O) out="$2"; shift 2;; *) last="$1"; shift;; esac; done
@@ -46,8 +58,15 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     srv = Server(tmp_path_factory.mktemp("installer") / "state")
     srv.start()
     try:
-        done = subprocess.run([*srv.argv, "image", "build", "disk"], env=srv.env(), cwd=srv.cwd, capture_output=True,
-                              text=True, timeout=3000, check=False)  # fmt: skip
+        done = subprocess.run(
+            [*srv.argv, "image", "build", "disk"],
+            env=srv.env(),
+            cwd=srv.cwd,
+            capture_output=True,
+            text=True,
+            timeout=3000,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         yield next((srv.state_dir / "images" / "disk").glob("*/rootfs.squashfs")).parent
     finally:
@@ -59,8 +78,13 @@ def loop(tmp_path: Path) -> Iterator[str]:
     backing = tmp_path / "disk.img"
     with open(backing, "wb") as f:
         f.truncate(8 << 30)
-    dev = subprocess.run(["losetup", "-f", "--show", "-P", str(backing)], capture_output=True, text=True,
-                         check=True, timeout=30).stdout.strip()  # fmt: skip
+    dev = subprocess.run(
+        ["losetup", "-f", "--show", "-P", str(backing)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
     try:
         yield dev
     finally:
@@ -70,21 +94,37 @@ def loop(tmp_path: Path) -> Iterator[str]:
 def install(work: Path, image: Path, loop: str, mode: str) -> str:
     """Run the init's install_disk with ``mode``'s plan for ``loop``; its console output."""
     layout = dl.parse_layout({"disks": [{**LAYOUT["disks"][0], "path": loop}]})
-    (work / "plan").write_text(dl.render_plan(layout, dl.choose_disks(layout, None), mode=mode, image="disk:1",
-                                              server_url="http://bcm", mac="52:54:00:1a:00:01"))  # fmt: skip
+    (work / "plan").write_text(
+        dl.render_plan(
+            layout,
+            dl.choose_disks(layout, None),
+            mode=mode,
+            image="disk:1",
+            server_url="http://bcm",
+            mac="52:54:00:1a:00:01",
+        )
+    )
     lower = work / "lower"
     init = (REPO / "templates/image/init").read_text()
     body = init[init.index("# ---- install to disk") : init.index('[ -n "$install_url" ] && install_disk')]
     # the initramfs's paths moved under ``work``; the root image stays mounted; no switch_root on this machine
-    body = body.replace("/lower", str(lower)).replace("/image/", f"{work}/image/").replace("/newroot", f"{work}/newroot")
+    body = (
+        body.replace("/lower", str(lower))
+        .replace("/image/", f"{work}/image/")
+        .replace("/newroot", f"{work}/newroot")
+    )
     body = body.replace(f"umount {lower} && umount /image", "true").replace(
-        f"exec switch_root {work}/newroot /sbin/init", "echo BOOT; return 0")
+        f"exec switch_root {work}/newroot /sbin/init", "echo BOOT; return 0"
+    )
     (work / "installer.sh").write_text(body)
     (work / "harness.sh").write_text(HARNESS.format(work=work, image=image))
-    script = (f"mount -t squashfs -o ro,loop {image}/rootfs.squashfs {lower} && mkdir -p {work}/image {work}/newroot"
-              f" && /bin/busybox sh {work}/harness.sh")  # fmt: skip
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=1200,
-                          check=False)  # fmt: skip
+    script = (
+        f"mount -t squashfs -o ro,loop {image}/rootfs.squashfs {lower} && mkdir -p {work}/image {work}/newroot"
+        f" && /bin/busybox sh {work}/harness.sh"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=1200, check=False
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "FAIL" not in out and "BOOT" in out, out[-3000:]
     return out
@@ -94,8 +134,19 @@ def on_disk(loop: str, work: Path, script: str) -> str:
     """Run ``script`` with the installed root at $R (and /scratch at $R/scratch), in a private mount namespace."""
     r = work / "check"
     r.mkdir(exist_ok=True)
-    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount {loop}p2 {r} && mount {loop}p4 {r}/scratch && R={r} && {script}"],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount {loop}p2 {r} && mount {loop}p4 {r}/scratch && R={r} && {script}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -106,20 +157,35 @@ def test_full_then_auto_sync_and_a_cut_sync(image: Path, loop: str, tmp_path: Pa
     written = int(out.split("bcm-init: full: ")[1].split()[0])
     assert written > 300 << 20, out  # the whole image
     assert '"mode":"full"' in out and f'"bytes_written":{written}' in out
-    seen = on_disk(loop, tmp_path, "cat $R/etc/bcm-installed $R/etc/fstab $R/boot/grub/grub.cfg; ls $R/boot/bcm;"
-                   " ls $R/usr/sbin/sfdisk")  # fmt: skip
+    seen = on_disk(
+        loop,
+        tmp_path,
+        "cat $R/etc/bcm-installed $R/etc/fstab $R/boot/grub/grub.cfg; ls $R/boot/bcm; ls $R/usr/sbin/sfdisk",
+    )
     assert "state=complete" in seen and "mode=full" in seen and f"{loop}p4 /scratch xfs" in seen, seen
-    assert f"bcm.disk={loop}p2" in seen and "initrd.img" in seen and "vmlinuz" in seen and "bcm.token" not in seen
+    assert (
+        f"bcm.disk={loop}p2" in seen
+        and "initrd.img" in seen
+        and "vmlinuz" in seen
+        and "bcm.token" not in seen
+    )
     with open(loop, "rb") as disk:
         assert b"GRUB" in disk.read(512)  # the boot code grub-install wrote to the MBR
 
     # one file differs from the image; node-local files and the data filesystem must stay as they are
-    on_disk(loop, tmp_path, "rm $R/usr/lib/os-release && mkdir -p $R/etc/bcm && echo t > $R/etc/bcm/agent.json"
-            " && echo results > $R/scratch/results")  # fmt: skip
+    on_disk(
+        loop,
+        tmp_path,
+        "rm $R/usr/lib/os-release && mkdir -p $R/etc/bcm && echo t > $R/etc/bcm/agent.json"
+        " && echo results > $R/scratch/results",
+    )
     out = install(tmp_path, image, loop, "auto")
     written = int(out.split("bcm-init: auto: ")[1].split()[0])
-    seen = on_disk(loop, tmp_path, "stat -c %s $R/usr/lib/os-release; cat $R/etc/bcm/agent.json $R/scratch/results"
-                   " $R/etc/bcm-installed")  # fmt: skip
+    seen = on_disk(
+        loop,
+        tmp_path,
+        "stat -c %s $R/usr/lib/os-release; cat $R/etc/bcm/agent.json $R/scratch/results $R/etc/bcm-installed",
+    )
     lines = seen.split()
     assert written == int(lines[0]), (written, seen)  # only the changed file crossed onto the disk
     assert lines[1:3] == ["t", "results"] and "mode=auto" in seen, seen

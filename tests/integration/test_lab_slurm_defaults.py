@@ -16,8 +16,13 @@ def deploy(state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env |= {"BCM_STATE_DIR": str(state), "BCM_URL": f"http://127.0.0.1:{free_port()}", "BCM_TOKEN": "x"}
     return subprocess.run(
         [*BCM, "wlm", "deploy", "slurm", "--controller", "node01", "--nodes", "node[02-03]", *extra],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def record_lab(state: Path, settings: dict[str, object], password: str | None) -> None:

@@ -22,10 +22,25 @@ def status(server: Server, nodes: str) -> dict[str, Any]:
 def test_bmc_settings_password_binding_http_permission_and_unpin(server: Server) -> None:
     ok(server.cli("category", "add", "rack", "--kernel-args", "quiet"))
     ok(server.cli("node", "add", "b[1-2]", "--category", "rack"))
-    out = ok(server.cli("power", "set", "b1", "--address", "http://127.0.0.1:9", "--protocol", "redfish",
-                        "--user", "admin", "--password-stdin", input=PASSWORD + "\n"))  # fmt: skip
+    out = ok(
+        server.cli(
+            "power",
+            "set",
+            "b1",
+            "--address",
+            "http://127.0.0.1:9",
+            "--protocol",
+            "redfish",
+            "--user",
+            "admin",
+            "--password-stdin",
+            input=PASSWORD + "\n",
+        )
+    )
     assert "updated 1 node(s)" in out and "set it again" not in out
-    out = ok(server.cli("power", "set", "b2", "--address", "10.9.9.9", "--protocol", "ipmi", "--user", "admin"))
+    out = ok(
+        server.cli("power", "set", "b2", "--address", "10.9.9.9", "--protocol", "ipmi", "--user", "admin")
+    )
     assert "set it again (--password-stdin, admin)" in out
 
     # plain http: refused until the category allows it; nothing is contacted either way here

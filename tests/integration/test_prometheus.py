@@ -26,8 +26,21 @@ RULE_TESTS = REPO / "tests" / "data" / "prometheus" / "bcm-rules.test.yml"
 DASHBOARD = REPO / "docs" / "grafana" / "bcm.json"
 # series Prometheus makes itself for every target, not bcm's
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
-PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
-                "bool", "inf", "nan"}  # fmt: skip
+PROMQL_WORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+}
 
 
 def tool(name: str) -> str:
@@ -56,12 +69,17 @@ def metric_names(expr: str) -> set[str]:
 
 def test_metric_names_of_promql() -> None:
     """The extractor itself, on the shapes the rules and the dashboard use."""
-    assert metric_names('max by (Hostname, gpu) (bcm_gpu_health{Hostname=~"$node"}) == 3') == {"bcm_gpu_health"}
+    assert metric_names('max by (Hostname, gpu) (bcm_gpu_health{Hostname=~"$node"}) == 3') == {
+        "bcm_gpu_health"
+    }
     assert metric_names("sum by (instance) (rate(bcm_a_total[5m])) / sum(rate(bcm_b_total[5m]))") == {
         "bcm_a_total",
         "bcm_b_total",
     }
-    assert metric_names('time() - max(x_seconds) > 600 or vector(0) and on(job) up{job="bcm"}') == {"x_seconds", "up"}
+    assert metric_names('time() - max(x_seconds) > 600 or vector(0) and on(job) up{job="bcm"}') == {
+        "x_seconds",
+        "up",
+    }
 
 
 def rule_exprs() -> dict[str, str]:
@@ -96,7 +114,10 @@ def bcm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         report = copy.deepcopy(dict(collect(nv, None, hostname="gpu01")))
         nv.shutdown()
         r = httpx.post(
-            f"{srv.url}/boot/v1/agent/report", json=report, headers={"Authorization": f"Bearer {token}"}, timeout=30
+            f"{srv.url}/boot/v1/agent/report",
+            json=report,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
         )
         assert r.status_code == 202, r.text
         yield srv
@@ -116,7 +137,9 @@ def gpu_series(srv: Server, name: str) -> int:
 
 
 def test_promtool_checks_the_rules() -> None:
-    done = subprocess.run([tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(rule_exprs())} rules found" in done.stdout
 
@@ -126,18 +149,32 @@ def test_promtool_unit_tests_fire_the_alerts(tmp_path: Path) -> None:
         [tool("promtool"), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    tested = {t["alertname"] for case in yaml.safe_load(RULE_TESTS.read_text())["tests"] for t in case["alert_rule_test"]}
-    assert {"BcmNodesFailed", "BcmGpuFailing", "BcmHealthIngestBehind", "BcmDnsmasqRestarting",
-            "BcmOperationsFailing"} <= tested  # fmt: skip
+    tested = {
+        t["alertname"]
+        for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+        for t in case["alert_rule_test"]
+    }
+    assert {
+        "BcmNodesFailed",
+        "BcmGpuFailing",
+        "BcmHealthIngestBehind",
+        "BcmDnsmasqRestarting",
+        "BcmOperationsFailing",
+    } <= tested
     # the unit tests can fail: a GPU rule that no longer fires on FAIL is caught
     rules = tmp_path / "docs" / "prometheus"
     rules.mkdir(parents=True)
-    (rules / RULES.name).write_text(RULES.read_text().replace("(bcm_gpu_health) == 3", "(bcm_gpu_health) == 4"))
+    (rules / RULES.name).write_text(
+        RULES.read_text().replace("(bcm_gpu_health) == 3", "(bcm_gpu_health) == 4")
+    )
     tests = tmp_path / "tests" / "data" / "prometheus"
     tests.mkdir(parents=True)
     shutil.copy(RULE_TESTS, tests / RULE_TESTS.name)
     broken = subprocess.run(
-        [tool("promtool"), "test", "rules", str(tests / RULE_TESTS.name)], capture_output=True, text=True, timeout=120
+        [tool("promtool"), "test", "rules", str(tests / RULE_TESTS.name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert broken.returncode != 0 and "BcmGpuFailing" in broken.stdout + broken.stderr
 
@@ -150,7 +187,9 @@ def test_every_metric_named_is_exported(bcm_server: Server) -> None:
         assert not missing, f"alert {alert} names metrics /metrics does not export: {sorted(missing)}"
     for expr in dashboard_exprs():
         missing = metric_names(expr) - names - SYNTHETIC
-        assert not missing, f"dashboard query {expr!r} names metrics /metrics does not export: {sorted(missing)}"
+        assert not missing, (
+            f"dashboard query {expr!r} names metrics /metrics does not export: {sorted(missing)}"
+        )
 
 
 def test_dashboard_layout() -> None:
@@ -165,9 +204,14 @@ def test_dashboard_layout() -> None:
 
 
 def test_state_counts_are_exported(bcm_server: Server) -> None:
-    r = httpx.get(f"{bcm_server.url}/metrics", headers={"Authorization": f"Bearer {bcm_server.token()}"}, timeout=30)
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(r.text)
-               for s in f.samples}  # fmt: skip
+    r = httpx.get(
+        f"{bcm_server.url}/metrics", headers={"Authorization": f"Bearer {bcm_server.token()}"}, timeout=30
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(r.text)
+        for s in f.samples
+    }
     assert samples[("bcm_nodes", (("state", "registered"),))] == 1
     assert samples[("bcm_nodes", (("state", "failed"),))] == 0
     assert samples[("bcm_operations", (("state", "failed"),))] == 0
@@ -239,7 +283,9 @@ def test_a_real_prometheus_scrapes_bcm(bcm_server: Server, tmp_path: Path) -> No
             proc.wait(5)
 
 
-def query_until(api: str, promql: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> list:  # type: ignore[type-arg]
+def query_until(
+    api: str, promql: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60
+) -> list:  # type: ignore[type-arg]
     """Ask Prometheus's HTTP API until ``promql`` has a result (bounded)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -67,7 +67,10 @@ def test_the_unit_runs_this_bcm_hardened(tmp_path: Path) -> None:
     assert one(unit, "Service", "EnvironmentFile") == "-/etc/bcm/bcm.env"
     assert one(unit, "Service", "User") == "root"
     assert one(unit, "Service", "ProtectSystem") == "strict"
-    assert one(unit, "Service", "ReadWritePaths").split() == ["/var/lib/bcm", str(tmp_path / "cache" / "images")]
+    assert one(unit, "Service", "ReadWritePaths").split() == [
+        "/var/lib/bcm",
+        str(tmp_path / "cache" / "images"),
+    ]
     assert one(unit, "Service", "ProtectHome") == "read-only"
     for key in ("PrivateTmp", "NoNewPrivileges", "ProtectKernelModules", "ProtectControlGroups"):
         assert one(unit, "Service", key) == "yes", key
@@ -88,7 +91,14 @@ def test_the_unit_runs_this_bcm_hardened(tmp_path: Path) -> None:
 def test_json_logs_and_other_paths(tmp_path: Path) -> None:
     state = tmp_path / "my state"
     done = install(
-        tmp_path, "--stdout", "--log-format", "json", "--state-dir", str(state), "--env-file", "/etc/default/bcm"
+        tmp_path,
+        "--stdout",
+        "--log-format",
+        "json",
+        "--state-dir",
+        str(state),
+        "--env-file",
+        "/etc/default/bcm",
     )
     assert done.returncode == 0, done.stderr
     unit = parse_unit(done.stdout)
@@ -149,7 +159,9 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
     # the check can fail: a misspelt option is named
     broken = tmp_path / "broken.service"
     broken.write_text(path.read_text().replace("ProtectClock=", "ProtectClok="))
-    done = subprocess.run([analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120
+    )
     assert "ProtectClok" in done.stdout + done.stderr
 
 

@@ -497,12 +497,16 @@ def test_node_trust_then_inventory_through_the_server(sshd: Sshd, tmp_path: Path
     """`bcm node trust --password-stdin` installs the server's key; inventory then logs in with it."""
     from bcm.devserver import Server
 
-    srv = Server(tmp_path / "state", extra_env={"BCM_SSH__PORT": str(sshd.port), "BCM_SSH__CONNECT_TIMEOUT_S": "5"})
+    srv = Server(
+        tmp_path / "state", extra_env={"BCM_SSH__PORT": str(sshd.port), "BCM_SSH__CONNECT_TIMEOUT_S": "5"}
+    )
     srv.start()
     try:
         assert srv.cli("node", "add", "local1", "--ip", "127.0.0.1").returncode == 0
         before = srv.cli("node", "inventory", "local1", "--json")
-        assert before.returncode == 1 and '"auth_failed"' in before.stdout  # the server's key is not trusted yet
+        assert (
+            before.returncode == 1 and '"auth_failed"' in before.stdout
+        )  # the server's key is not trusted yet
         wrong = srv.cli("node", "trust", "local1", "--password-stdin", input="not-the-password\n")
         assert wrong.returncode == 1 and "auth_failed" in wrong.stdout
         res = srv.cli("node", "trust", "local1", "--password-stdin", "--json", input=ROOT_PASSWORD + "\n")

@@ -251,8 +251,12 @@ def _start_agent(tmp_path: Path, name: str, config: dict[str, object]) -> tuple[
     cfg.chmod(0o600)
     fake = str(RECORDED_NVML / "h100_sxm_565.json")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(bundle), "--config", str(cfg), "--fake", fake],
-                                stdout=out, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(bundle), "--config", str(cfg), "--fake", fake],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     return proc, log
 
 

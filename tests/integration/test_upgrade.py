@@ -42,70 +42,194 @@ def rows_at_old() -> list[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
     """(statement, parameters) for OLD's schema: a small but complete head node."""
     t = T0
     return [
-        ("INSERT INTO users (id, name, role, full_name, created_at) VALUES (1, 'alice', 'operator', 'Alice A', :t)",
-         {"t": t}),
-        ("INSERT INTO category (id, name, kernel_args, wlm_role, boot_mode, description, health_policy, created_at)"
-         " VALUES (1, 'h100', 'quiet', 'compute', 'stateless', 'HGX H100 nodes', :policy, :t)",
-         {"policy": json.dumps({"temperature_warn_c": 85}), "t": t}),
-        ("INSERT INTO node (id, name, category_id, provision_state, last_error, facts, comment, bmc_address,"
-         " bmc_protocol, bmc_user, created_at, updated_at, inventoried_at)"
-         " VALUES (:id, :name, 1, :state, :err, :facts, :comment, :bmc, 'ipmi', 'admin', :t, :t, :t)",
-         [{"id": 1, "name": "gpu01", "state": "ready", "err": None, "facts": json.dumps(FACTS), "comment": "rack 4",
-           "bmc": "198.18.50.1", "t": t},
-          {"id": 2, "name": "gpu02", "state": "failed", "err": "provision: timed out after 1800 s", "facts": None,
-           "comment": None, "bmc": "198.18.50.2", "t": t}]),
-        ("INSERT INTO interface (id, node_id, name, mac, ip, boot) VALUES (:id, :n, 'eth0', :mac, :ip, :boot)",
-         [{"id": 1, "n": 1, "mac": "52:54:00:aa:00:01", "ip": "198.18.100.11", "boot": True},
-          {"id": 2, "n": 2, "mac": "52:54:00:aa:00:02", "ip": "198.18.100.12", "boot": True}]),
-        ("INSERT INTO gpu (id, node_id, \"index\", uuid, name, memory_mib, pci_bus_id, verdict, updated_at)"
-         " VALUES (:id, 1, :i, :uuid, 'NVIDIA H100 80GB HBM3', 81559, :bus, :v, :t)",
-         [{"id": 1, "i": 0, "uuid": "GPU-old-0", "bus": "00000000:18:00.0", "v": "OK", "t": t},
-          {"id": 2, "i": 1, "uuid": "GPU-old-1", "bus": "00000000:2A:00.0", "v": "FAIL", "t": t}]),
-        ("INSERT INTO apitoken (id, name, role, token_hash, prefix, node_id, user_id, created_at)"
-         " VALUES (:id, :name, :role, :hash, :prefix, :node, :user, :t)",
-         [{"id": 1, "name": "bootstrap-admin", "role": "admin", "hash": hash_token(ADMIN), "prefix": ADMIN[:10],
-           "node": None, "user": None, "t": t},
-          {"id": 2, "name": "alice-ro", "role": "viewer", "hash": hash_token(VIEWER), "prefix": VIEWER[:10],
-           "node": None, "user": 1, "t": t},
-          {"id": 3, "name": "agent-gpu01", "role": "node", "hash": hash_token(AGENT), "prefix": AGENT[:10],
-           "node": 1, "user": None, "t": t}]),
-        ("INSERT INTO event (id, time, actor, action, target, severity, message, detail)"
-         " VALUES (1, :t, 'token:1 bootstrap-admin', 'node.add', 'gpu[01-02]', 'info', 'registered 2 node(s)', :d)",
-         {"t": t, "d": json.dumps({"count": 2})}),
-        ("INSERT INTO operation (id, kind, targets, state, progress_done, progress_total, created_by, error,"
-         " results, log, created_at, started_at, finished_at)"
-         " VALUES (:id, :kind, 'gpu[01-02]', :state, 2, 2, 'token:1 bootstrap-admin', :err, :res, :log, :t, :t, :t)",
-         [{"id": 1, "kind": "inventory", "state": "succeeded", "err": None, "log": "2 ok\n", "t": t,
-           "res": json.dumps({"gpu01": {"status": "ok"}, "gpu02": {"status": "ok"}})},
-          {"id": 2, "kind": "provision", "state": "failed", "err": "1 of 2 nodes failed", "log": "", "t": t,
-           "res": json.dumps({"gpu01": {"status": "ok"}, "gpu02": {"status": "failed", "error": "timed out"}})}]),
-        ("INSERT INTO image (id, name, version, state, recipe, driver_version, cuda_version, kernel_version,"
-         " is_current, created_at, published_at) VALUES (1, 'gpu-base', '20260601-1', 'ready', 'gpu-base',"
-         " '565.57.01', '12.7', '6.1.0-21-amd64', :yes, :t, :t)",
-         {"yes": True, "t": t}),
-        ("INSERT INTO imageartifact (id, image_id, kind, filename, size, sha256)"
-         " VALUES (1, 1, 'kernel', 'vmlinuz', 8123456, :sha)",
-         {"sha": "ab" * 32}),
-        ("INSERT INTO wlm_cluster (id, name, kind, controller_id, nodes, settings, state, created_at, updated_at,"
-         " deployed_at) VALUES (1, 'slurm', 'slurm', 1, 'gpu[01-02]', :s, 'ready', :t, :t, :t)",
-         {"s": json.dumps({}), "t": t}),
-        ("INSERT INTO nodehealth (node_id, verdict, report_verdict, last_report_at, collected_at, consecutive_ok,"
-         " gpu_count, agent_version, driver_version, findings, drained_by_bcm, drain_reason, action_attempts,"
-         " samples_since_prune, updated_at) VALUES (1, 'FAIL', 'FAIL', :t, :t, 0, 2, '0.1.0', '565.57.01', :f,"
-         " :yes, 'bcm: GPU 1 Xid 79', 0, 4, :t)",
-         {"t": t + timedelta(seconds=30), "f": json.dumps([]), "yes": True}),
-        ("INSERT INTO gpuhealth (node_id, \"index\", uuid, name, verdict, temperature_c, power_draw_w, xid_count,"
-         " last_xid, sampled_at) VALUES (1, :i, :uuid, 'NVIDIA H100 80GB HBM3', :v, :temp, 350.5, :n, :xid, :t)",
-         [{"i": 0, "uuid": "GPU-old-0", "v": "OK", "temp": 41, "n": 0, "xid": None, "t": t + timedelta(seconds=30)},
-          {"i": 1, "uuid": "GPU-old-1", "v": "FAIL", "temp": 44, "n": 1, "xid": 79, "t": t + timedelta(seconds=30)}]),
-        ("INSERT INTO healthsample (node_id, uuid, gpu_index, time, verdict, temperature_c, power_draw_w, xid)"
-         " VALUES (1, :uuid, :i, :t, :v, :temp, 350.5, :xid)",
-         [{"uuid": f"GPU-old-{i}", "i": i, "t": t + timedelta(seconds=30 * k), "v": "FAIL" if (i, k) == (1, 1) else "OK",
-           "temp": 40 + i + k, "xid": 79 if (i, k) == (1, 1) else None} for k in range(2) for i in range(2)]),
-        ("INSERT INTO healthevent (id, time, node_id, gpu_uuid, gpu_index, severity, code, message, action)"
-         " VALUES (1, :t, 1, 'GPU-old-1', 1, 'critical', 'xid_79', 'GPU has fallen off the bus', 'drain')",
-         {"t": t + timedelta(seconds=30)}),
-    ]  # fmt: skip
+        (
+            "INSERT INTO users (id, name, role, full_name, created_at) VALUES (1, 'alice', 'operator', 'Alice A', :t)",
+            {"t": t},
+        ),
+        (
+            "INSERT INTO category (id, name, kernel_args, wlm_role, boot_mode, description, health_policy, created_at)"
+            " VALUES (1, 'h100', 'quiet', 'compute', 'stateless', 'HGX H100 nodes', :policy, :t)",
+            {"policy": json.dumps({"temperature_warn_c": 85}), "t": t},
+        ),
+        (
+            "INSERT INTO node (id, name, category_id, provision_state, last_error, facts, comment, bmc_address,"
+            " bmc_protocol, bmc_user, created_at, updated_at, inventoried_at)"
+            " VALUES (:id, :name, 1, :state, :err, :facts, :comment, :bmc, 'ipmi', 'admin', :t, :t, :t)",
+            [
+                {
+                    "id": 1,
+                    "name": "gpu01",
+                    "state": "ready",
+                    "err": None,
+                    "facts": json.dumps(FACTS),
+                    "comment": "rack 4",
+                    "bmc": "198.18.50.1",
+                    "t": t,
+                },
+                {
+                    "id": 2,
+                    "name": "gpu02",
+                    "state": "failed",
+                    "err": "provision: timed out after 1800 s",
+                    "facts": None,
+                    "comment": None,
+                    "bmc": "198.18.50.2",
+                    "t": t,
+                },
+            ],
+        ),
+        (
+            "INSERT INTO interface (id, node_id, name, mac, ip, boot) VALUES (:id, :n, 'eth0', :mac, :ip, :boot)",
+            [
+                {"id": 1, "n": 1, "mac": "52:54:00:aa:00:01", "ip": "198.18.100.11", "boot": True},
+                {"id": 2, "n": 2, "mac": "52:54:00:aa:00:02", "ip": "198.18.100.12", "boot": True},
+            ],
+        ),
+        (
+            'INSERT INTO gpu (id, node_id, "index", uuid, name, memory_mib, pci_bus_id, verdict, updated_at)'
+            " VALUES (:id, 1, :i, :uuid, 'NVIDIA H100 80GB HBM3', 81559, :bus, :v, :t)",
+            [
+                {"id": 1, "i": 0, "uuid": "GPU-old-0", "bus": "00000000:18:00.0", "v": "OK", "t": t},
+                {"id": 2, "i": 1, "uuid": "GPU-old-1", "bus": "00000000:2A:00.0", "v": "FAIL", "t": t},
+            ],
+        ),
+        (
+            "INSERT INTO apitoken (id, name, role, token_hash, prefix, node_id, user_id, created_at)"
+            " VALUES (:id, :name, :role, :hash, :prefix, :node, :user, :t)",
+            [
+                {
+                    "id": 1,
+                    "name": "bootstrap-admin",
+                    "role": "admin",
+                    "hash": hash_token(ADMIN),
+                    "prefix": ADMIN[:10],
+                    "node": None,
+                    "user": None,
+                    "t": t,
+                },
+                {
+                    "id": 2,
+                    "name": "alice-ro",
+                    "role": "viewer",
+                    "hash": hash_token(VIEWER),
+                    "prefix": VIEWER[:10],
+                    "node": None,
+                    "user": 1,
+                    "t": t,
+                },
+                {
+                    "id": 3,
+                    "name": "agent-gpu01",
+                    "role": "node",
+                    "hash": hash_token(AGENT),
+                    "prefix": AGENT[:10],
+                    "node": 1,
+                    "user": None,
+                    "t": t,
+                },
+            ],
+        ),
+        (
+            "INSERT INTO event (id, time, actor, action, target, severity, message, detail)"
+            " VALUES (1, :t, 'token:1 bootstrap-admin', 'node.add', 'gpu[01-02]', 'info', 'registered 2 node(s)', :d)",
+            {"t": t, "d": json.dumps({"count": 2})},
+        ),
+        (
+            "INSERT INTO operation (id, kind, targets, state, progress_done, progress_total, created_by, error,"
+            " results, log, created_at, started_at, finished_at)"
+            " VALUES (:id, :kind, 'gpu[01-02]', :state, 2, 2, 'token:1 bootstrap-admin', :err, :res, :log, :t, :t, :t)",
+            [
+                {
+                    "id": 1,
+                    "kind": "inventory",
+                    "state": "succeeded",
+                    "err": None,
+                    "log": "2 ok\n",
+                    "t": t,
+                    "res": json.dumps({"gpu01": {"status": "ok"}, "gpu02": {"status": "ok"}}),
+                },
+                {
+                    "id": 2,
+                    "kind": "provision",
+                    "state": "failed",
+                    "err": "1 of 2 nodes failed",
+                    "log": "",
+                    "t": t,
+                    "res": json.dumps(
+                        {"gpu01": {"status": "ok"}, "gpu02": {"status": "failed", "error": "timed out"}}
+                    ),
+                },
+            ],
+        ),
+        (
+            "INSERT INTO image (id, name, version, state, recipe, driver_version, cuda_version, kernel_version,"
+            " is_current, created_at, published_at) VALUES (1, 'gpu-base', '20260601-1', 'ready', 'gpu-base',"
+            " '565.57.01', '12.7', '6.1.0-21-amd64', :yes, :t, :t)",
+            {"yes": True, "t": t},
+        ),
+        (
+            "INSERT INTO imageartifact (id, image_id, kind, filename, size, sha256)"
+            " VALUES (1, 1, 'kernel', 'vmlinuz', 8123456, :sha)",
+            {"sha": "ab" * 32},
+        ),
+        (
+            "INSERT INTO wlm_cluster (id, name, kind, controller_id, nodes, settings, state, created_at, updated_at,"
+            " deployed_at) VALUES (1, 'slurm', 'slurm', 1, 'gpu[01-02]', :s, 'ready', :t, :t, :t)",
+            {"s": json.dumps({}), "t": t},
+        ),
+        (
+            "INSERT INTO nodehealth (node_id, verdict, report_verdict, last_report_at, collected_at, consecutive_ok,"
+            " gpu_count, agent_version, driver_version, findings, drained_by_bcm, drain_reason, action_attempts,"
+            " samples_since_prune, updated_at) VALUES (1, 'FAIL', 'FAIL', :t, :t, 0, 2, '0.1.0', '565.57.01', :f,"
+            " :yes, 'bcm: GPU 1 Xid 79', 0, 4, :t)",
+            {"t": t + timedelta(seconds=30), "f": json.dumps([]), "yes": True},
+        ),
+        (
+            'INSERT INTO gpuhealth (node_id, "index", uuid, name, verdict, temperature_c, power_draw_w, xid_count,'
+            " last_xid, sampled_at) VALUES (1, :i, :uuid, 'NVIDIA H100 80GB HBM3', :v, :temp, 350.5, :n, :xid, :t)",
+            [
+                {
+                    "i": 0,
+                    "uuid": "GPU-old-0",
+                    "v": "OK",
+                    "temp": 41,
+                    "n": 0,
+                    "xid": None,
+                    "t": t + timedelta(seconds=30),
+                },
+                {
+                    "i": 1,
+                    "uuid": "GPU-old-1",
+                    "v": "FAIL",
+                    "temp": 44,
+                    "n": 1,
+                    "xid": 79,
+                    "t": t + timedelta(seconds=30),
+                },
+            ],
+        ),
+        (
+            "INSERT INTO healthsample (node_id, uuid, gpu_index, time, verdict, temperature_c, power_draw_w, xid)"
+            " VALUES (1, :uuid, :i, :t, :v, :temp, 350.5, :xid)",
+            [
+                {
+                    "uuid": f"GPU-old-{i}",
+                    "i": i,
+                    "t": t + timedelta(seconds=30 * k),
+                    "v": "FAIL" if (i, k) == (1, 1) else "OK",
+                    "temp": 40 + i + k,
+                    "xid": 79 if (i, k) == (1, 1) else None,
+                }
+                for k in range(2)
+                for i in range(2)
+            ],
+        ),
+        (
+            "INSERT INTO healthevent (id, time, node_id, gpu_uuid, gpu_index, severity, code, message, action)"
+            " VALUES (1, :t, 1, 'GPU-old-1', 1, 'critical', 'xid_79', 'GPU has fallen off the bus', 'drain')",
+            {"t": t + timedelta(seconds=30)},
+        ),
+    ]
 
 
 def old_database(url: str) -> None:
@@ -116,8 +240,21 @@ def old_database(url: str) -> None:
         for statement, params in rows_at_old():
             conn.execute(text(statement), params)
         if engine.dialect.name == "postgresql":  # explicit ids: move the sequences past them, as use would
-            for table in ("users", "category", "node", "interface", "gpu", "apitoken", "event", "operation",
-                          "image", "imageartifact", "wlm_cluster", "healthevent", "healthsample"):  # fmt: skip
+            for table in (
+                "users",
+                "category",
+                "node",
+                "interface",
+                "gpu",
+                "apitoken",
+                "event",
+                "operation",
+                "image",
+                "imageartifact",
+                "wlm_cluster",
+                "healthevent",
+                "healthsample",
+            ):
                 conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 100)"))
     engine.dispose()
 
@@ -172,9 +309,13 @@ def test_everything_reads_back_after_the_upgrade(upgraded: tuple[TestClient, Eng
     assert set(nodes) == {"gpu01", "gpu02"}
     assert nodes["gpu01"]["provision_state"] == "ready" and nodes["gpu02"]["provision_state"] == "failed"
     assert nodes["gpu02"]["last_error"] == "provision: timed out after 1800 s"
-    assert [(i["mac"], i["ip"]) for i in nodes["gpu01"]["interfaces"]] == [("52:54:00:aa:00:01", "198.18.100.11")]
+    assert [(i["mac"], i["ip"]) for i in nodes["gpu01"]["interfaces"]] == [
+        ("52:54:00:aa:00:01", "198.18.100.11")
+    ]
     gpu01 = ok(api.get("/api/v1/nodes/gpu01"))
-    assert gpu01["category"] == "h100" and gpu01["comment"] == "rack 4" and gpu01["bmc_address"] == "198.18.50.1"
+    assert (
+        gpu01["category"] == "h100" and gpu01["comment"] == "rack 4" and gpu01["bmc_address"] == "198.18.50.1"
+    )
     hardware = ok(api.get("/api/v1/nodes/gpu01/hardware"))
     assert hardware["facts"] == FACTS and {g["uuid"] for g in hardware["gpus"]} == {"GPU-old-0", "GPU-old-1"}
     category = ok(api.get("/api/v1/categories/h100"))
@@ -182,7 +323,10 @@ def test_everything_reads_back_after_the_upgrade(upgraded: tuple[TestClient, Eng
     assert [u["name"] for u in ok(api.get("/api/v1/users"))] == ["alice"]
     tokens = {t["name"]: t for t in ok(api.get("/api/v1/tokens"))}
     assert (tokens["alice-ro"]["role"], tokens["alice-ro"]["user"]) == ("viewer", "alice")
-    assert any(e["action"] == "node.add" and e["message"] == "registered 2 node(s)" for e in ok(api.get("/api/v1/events")))
+    assert any(
+        e["action"] == "node.add" and e["message"] == "registered 2 node(s)"
+        for e in ok(api.get("/api/v1/events"))
+    )
     ops = {o["id"]: o for o in ok(api.get("/api/v1/operations"))}
     assert (ops[1]["kind"], ops[1]["state"]) == ("inventory", "succeeded")
     assert (ops[2]["state"], ops[2]["error"]) == ("failed", "1 of 2 nodes failed")

@@ -21,17 +21,31 @@ def test_usage_table_comes_as_modelled_and_goes(db_url: str) -> None:
     command.upgrade(cfg, BEFORE)
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO node (id, name, provision_state, created_at, updated_at)"
-                          " VALUES (1, 'gpu01', 'ready', :now, :now)"), {"now": NOW})  # fmt: skip
-        conn.execute(text("INSERT INTO wlm_cluster (id, name, kind, controller_id, state, created_at, updated_at)"
-                          " VALUES (1, 'lab', 'slurm', 1, 'deployed', :now, :now)"), {"now": NOW})  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO node (id, name, provision_state, created_at, updated_at)"
+                " VALUES (1, 'gpu01', 'ready', :now, :now)"
+            ),
+            {"now": NOW},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO wlm_cluster (id, name, kind, controller_id, state, created_at, updated_at)"
+                " VALUES (1, 'lab', 'slurm', 1, 'deployed', :now, :now)"
+            ),
+            {"now": NOW},
+        )
     engine.dispose()
 
     command.upgrade(cfg, AFTER)
     engine = create_engine(db_url)
     with engine.begin() as conn:
         assert conn.execute(text("SELECT usage_at FROM wlm_cluster")).scalar() is None
-        conn.execute(text("INSERT INTO wlm_usage (cluster_id, node_id, account, gpus, jobs) VALUES (1, 1, 'nlp', 4, 1)"))
+        conn.execute(
+            text(
+                "INSERT INTO wlm_usage (cluster_id, node_id, account, gpus, jobs) VALUES (1, 1, 'nlp', 4, 1)"
+            )
+        )
         diffs = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     engine.dispose()
     mine = [d for d in diffs if "wlm_usage" in str(d) or "usage_at" in str(d)]

@@ -110,13 +110,23 @@ def lab_ssh(lab_keypair: KeyPair) -> LabSsh:
 def ssh_argv(key: Path, known_hosts: Path, address: str, command: str, timeout_s: int = 10) -> list[str]:
     """The real OpenSSH client, verifying the node's pre-registered host key."""
     return [
-        "ssh", "-i", str(key),
-        "-o", f"UserKnownHostsFile={known_hosts}",
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", "BatchMode=yes",
-        "-o", "IdentitiesOnly=yes",
-        "-o", f"ConnectTimeout={timeout_s}",
-        "-F", "/dev/null",
-        f"root@{address}", command,
-    ]  # fmt: skip
+        "ssh",
+        "-i",
+        str(key),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"ConnectTimeout={timeout_s}",
+        "-F",
+        "/dev/null",
+        f"root@{address}",
+        command,
+    ]

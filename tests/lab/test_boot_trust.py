@@ -46,10 +46,13 @@ def wire(lab_unavailable_reason: None) -> Iterator[None]:
     net.keep_lab_space_local()
     _down()
     net.create_network(BRIDGE_NS, HOST_IF, SUBNET)
-    net.add_nodes(BRIDGE_NS, [
-        net.NodeLink(NODE_NS, "bt26p1", NODE_MAC, "52:54:00:27:00:01", f"{STATIC[NODE_NS]}/24"),
-        net.NodeLink(OTHER_NS, "bt26p2", OTHER_MAC, "52:54:00:27:00:02", f"{STATIC[OTHER_NS]}/24"),
-    ])  # fmt: skip
+    net.add_nodes(
+        BRIDGE_NS,
+        [
+            net.NodeLink(NODE_NS, "bt26p1", NODE_MAC, "52:54:00:27:00:01", f"{STATIC[NODE_NS]}/24"),
+            net.NodeLink(OTHER_NS, "bt26p2", OTHER_MAC, "52:54:00:27:00:02", f"{STATIC[OTHER_NS]}/24"),
+        ],
+    )
     try:
         yield
     finally:
@@ -72,8 +75,9 @@ def _down() -> None:
 
 
 def in_ns(ns: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, timeout=timeout,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def address_of(ns: str) -> str | None:
@@ -85,8 +89,22 @@ def address_of(ns: str) -> str | None:
 def lease(ns: str) -> str:
     """A real lease from bcm's dnsmasq, put on eth0 by the initramfs's udhcpc hook."""
     in_ns(ns, "ip", "addr", "flush", "dev", "eth0")
-    done = in_ns(ns, "busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-t", "5", "-T", "2", "-s", str(UDHCPC_HOOK),
-                 timeout=60)  # fmt: skip
+    done = in_ns(
+        ns,
+        "busybox",
+        "udhcpc",
+        "-i",
+        "eth0",
+        "-n",
+        "-q",
+        "-t",
+        "5",
+        "-T",
+        "2",
+        "-s",
+        str(UDHCPC_HOOK),
+        timeout=60,
+    )
     got = address_of(ns)
     assert done.returncode == 0 and got and ipaddress.ip_address(got) in SUBNET, (done.stdout, done.stderr)
     return got
@@ -104,15 +122,18 @@ def curl(ns: str, url: str, *args: str) -> tuple[int, dict[str, str], str]:
     assert done.returncode == 0, done.stderr
     head, _, body = done.stdout.replace("\r\n", "\n").partition("\n\n")
     status = int(head.split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head.splitlines()[1:])}
+    headers = {
+        k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head.splitlines()[1:])
+    }
     return status, headers, body
 
 
 class Head:
     def __init__(self, server: Server, base: str) -> None:
         self.server, self.base = server, base
-        self.http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"},
-                                 timeout=30)  # fmt: skip
+        self.http = httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"}, timeout=30
+        )
 
     def script(self, ns: str, mac: str = NODE_MAC) -> tuple[str, str]:
         status, headers, body = curl(ns, f"{self.base}/boot/v1/ipxe/{mac}")
@@ -120,13 +141,28 @@ class Head:
         return headers["x-bcm-purpose"], body
 
     def overlay(self, ns: str, token: str) -> int:
-        return curl(ns, f"{self.base}/boot/v1/overlay/{NODE_MAC}", "-o", "/dev/null",
-                    "-H", f"Authorization: Bearer {token}")[0]  # fmt: skip
+        return curl(
+            ns,
+            f"{self.base}/boot/v1/overlay/{NODE_MAC}",
+            "-o",
+            "/dev/null",
+            "-H",
+            f"Authorization: Bearer {token}",
+        )[0]
 
     def hello(self, ns: str, token: str) -> tuple[int, str]:
-        status, _, body = curl(ns, f"{self.base}/boot/v1/hello", "-H", f"Authorization: Bearer {token}",
-                               "-H", "Content-Type: application/json", "-H", "X-Forwarded-For: 198.18.226.66",
-                               "--data", json.dumps({"mac": NODE_MAC}))  # fmt: skip
+        status, _, body = curl(
+            ns,
+            f"{self.base}/boot/v1/hello",
+            "-H",
+            f"Authorization: Bearer {token}",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "X-Forwarded-For: 198.18.226.66",
+            "--data",
+            json.dumps({"mac": NODE_MAC}),
+        )
         return status, body
 
 
@@ -149,10 +185,21 @@ def head(wire: None, tmp_path: Path, bmcs: dict[str, Any], request: pytest.Fixtu
         publish_image(engine, settings)
         engine.dispose()
         spec = bmcs["ipmi"]
-        r = h.http.post("/api/v1/nodes", json={"name": "gpu01", "mac": NODE_MAC, "image": "img",
-                                               "bmc_address": spec.address, "bmc_protocol": spec.kind, "bmc_user": "admin"})  # fmt: skip
+        r = h.http.post(
+            "/api/v1/nodes",
+            json={
+                "name": "gpu01",
+                "mac": NODE_MAC,
+                "image": "img",
+                "bmc_address": spec.address,
+                "bmc_protocol": spec.kind,
+                "bmc_user": "admin",
+            },
+        )
         assert r.status_code == 201, r.text
-        assert h.http.put("/api/v1/nodes/bmc-password", json={"nodes": "gpu01", "password": PASSWORD}).is_success
+        assert h.http.put(
+            "/api/v1/nodes/bmc-password", json={"nodes": "gpu01", "password": PASSWORD}
+        ).is_success
         assert h.http.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).is_success
         deadline = time.monotonic() + 60
         while not _powered(h):  # the queue started gpu01: next boot PXE, power-cycled through its BMC

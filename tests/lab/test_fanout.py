@@ -55,7 +55,9 @@ def check_fan_out(built: Any, key: Path, caplog: pytest.LogCaptureFixture) -> No
     client = SshClient(key, connect_timeout_s=1.0, command_timeout_s=60, concurrency=FAN_OUT, retries=RETRIES)
     caplog.set_level(logging.INFO, logger="bcm.drivers.ssh")
     results = asyncio.run(
-        asyncio.wait_for(client.run_many(targets, FACT_SCRIPT, deadline_s=150), 240)  # outer bound: a hang fails
+        asyncio.wait_for(
+            client.run_many(targets, FACT_SCRIPT, deadline_s=150), 240
+        )  # outer bound: a hang fails
     )
     by_name = {r.name: r for r in results}
 

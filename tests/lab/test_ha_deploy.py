@@ -86,8 +86,12 @@ def add_head(first: Server, state_dir: Path, database_url: str) -> Server:
 def two_heads(lab_required: None, tmp_path: Path) -> Iterator[tuple[SlurmLab, Server]]:
     if not shutil.which("dnsmasq"):
         pytest.skip("needs dnsmasq")
-    with pg_schema() as url, SlurmLab.running(tmp_path, nodes=4, name="bcmhasl", subnet="198.18.6.0/24",
-                                              database_url=url, env=ENV) as run:  # fmt: skip
+    with (
+        pg_schema() as url,
+        SlurmLab.running(
+            tmp_path, nodes=4, name="bcmhasl", subnet="198.18.6.0/24", database_url=url, env=ENV
+        ) as run,
+    ):
         second = add_head(run.server, tmp_path / "second", url)
         try:
             yield run, second
@@ -126,8 +130,11 @@ def test_kill_9_of_the_leader_mid_slurm_deploy_the_other_takes_it_up_and_finishe
     first.proc.wait(10)
 
     # the dead server's playbook does not go on beside the one the other server will run
-    left = wait_for("the dead server's playbook gone", lambda: not playbooks_of(first) or None, timeout_s=30) \
-        if playbooks_of(first) else True  # fmt: skip
+    left = (
+        wait_for("the dead server's playbook gone", lambda: not playbooks_of(first) or None, timeout_s=30)
+        if playbooks_of(first)
+        else True
+    )
     assert left and procs.wait_gone(playbook, 5) == []
 
     # the other server leads with a higher epoch, and its dnsmasq answers

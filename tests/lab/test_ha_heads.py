@@ -42,7 +42,9 @@ def _run(*argv: str) -> str:
 @pytest.fixture
 def socket_db() -> Iterator[str]:
     """A PostgreSQL cluster of its own, trusted on its socket (which every namespace sees)."""
-    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("pg_createcluster", "keepalived", "curl", "ip")):
+    if os.geteuid() != 0 or not all(
+        shutil.which(t) for t in ("pg_createcluster", "keepalived", "curl", "ip")
+    ):
         pytest.skip("needs root, pg_createcluster, keepalived, curl and ip")
     name, port = f"bcmheads{uuid.uuid4().hex[:6]}", free_port()
     _run("pg_createcluster", "15", name, "-p", str(port), "--start-conf", "manual")
@@ -50,16 +52,37 @@ def socket_db() -> Iterator[str]:
         Path(f"/etc/postgresql/15/{name}/pg_hba.conf").write_text(HBA)
         _run("pg_ctlcluster", "--skip-systemctl-redirect", "15", name, "start")
         for sql in ("CREATE ROLE bcm LOGIN SUPERUSER", "CREATE DATABASE bcm OWNER bcm"):
-            _run("runuser", "-u", "postgres", "--", "psql", "-h", "/var/run/postgresql", "-p", str(port), "-c", sql)
+            _run(
+                "runuser",
+                "-u",
+                "postgres",
+                "--",
+                "psql",
+                "-h",
+                "/var/run/postgresql",
+                "-p",
+                str(port),
+                "-c",
+                sql,
+            )
         yield f"postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql&port={port}"
     finally:
-        subprocess.run(["pg_dropcluster", "--stop", "15", name], capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            ["pg_dropcluster", "--stop", "15", name], capture_output=True, timeout=120, check=False
+        )
 
 
 def bcm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The CLI as an admin runs it, in a process of its own (what it starts must outlive it)."""
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=300,
-                          check=False, cwd=ROOT, env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def ok(*args: str, env: dict[str, str] | None = None) -> str:
@@ -104,7 +127,10 @@ def test_the_service_address_follows_the_leader(tmp_path: Path, socket_db: str) 
         shown = ok("lab", "up", "--heads", "2", "--database-url", socket_db, *where)
         assert "service address http://198.18.229.1:8470, leader: head " in shown
         status = json.loads(ok("lab", "head", "status", "--json", *where))
-        assert [(h["head"], h["serve"], h["keepalived"]) for h in status["heads"]] == [(1, "up", "up"), (2, "up", "up")]
+        assert [(h["head"], h["serve"], h["keepalived"]) for h in status["heads"]] == [
+            (1, "up", "up"),
+            (2, "up", "up"),
+        ]
         vip, urls = status["service_url"], {h["head"]: h["url"] for h in status["heads"]}
         pids = [p for h in status["heads"] for p in (h["serve_pid"], h["keepalived_pid"])]
         assert vip == "http://198.18.229.1:8470" and all(procs.start_time(p) is not None for p in pids)
@@ -133,8 +159,10 @@ def test_the_service_address_follows_the_leader(tmp_path: Path, socket_db: str) 
         epoch = view["leader"]["epoch"]
 
         assert f"head {first}: bcm serve killed" in ok("lab", "head", "kill", str(first), *where)
-        second, after = wait_for("the address on the other head, now leading", lambda: (
-            (found := vip_on_leader()) and found[0] != first and found))  # fmt: skip
+        second, after = wait_for(
+            "the address on the other head, now leading",
+            lambda: (found := vip_on_leader()) and found[0] != first and found,
+        )
         assert after["leader"]["epoch"] > epoch and after["leader"]["holder"] != view["leader"]["holder"]
         assert holders() == [second]
         ha = json.loads(ok("ha", "status", "--json", env={"BCM_URL": vip, "BCM_TOKEN": token}))
@@ -144,20 +172,29 @@ def test_the_service_address_follows_the_leader(tmp_path: Path, socket_db: str) 
         ok("lab", "head", "start", str(first), *where)  # the killed head's bcm again (a new server id)
         ok("lab", "head", "freeze", str(second), *where)
         frozen_at = time.monotonic()
-        assert {h["head"]: h["serve"] for h in json.loads(ok("lab", "head", "status", "--json", *where))["heads"]} \
-            == {first: "up", second: "frozen"}  # fmt: skip
+        assert {
+            h["head"]: h["serve"] for h in json.loads(ok("lab", "head", "status", "--json", *where))["heads"]
+        } == {first: "up", second: "frozen"}
 
         def restarted_leads() -> dict[str, Any] | None:
             r = httpx.get(f"{urls[first]}/api/v1/ha", headers=auth, timeout=2)
             v = dict(r.json())
-            leads = v["this_server"]["leading"] and first in holders()  # the frozen head keeps it too (LAB.md)
+            leads = (
+                v["this_server"]["leading"] and first in holders()
+            )  # the frozen head keeps it too (LAB.md)
             return v if leads and time.monotonic() - frozen_at >= 3 * LEASE_S else None
 
         during = wait_for("the restarted head leads while the other is frozen", restarted_leads)
         ok("lab", "head", "thaw", str(second), *where)
-        final = wait_for("after SIGCONT the address is on the leader only", lambda: (
-            (found := vip_on_leader()) and found[0] == first
-            and found[1]["leader"]["epoch"] == during["leader"]["epoch"] and found))  # fmt: skip
+        final = wait_for(
+            "after SIGCONT the address is on the leader only",
+            lambda: (
+                (found := vip_on_leader())
+                and found[0] == first
+                and found[1]["leader"]["epoch"] == during["leader"]["epoch"]
+                and found
+            ),
+        )
         assert final[1]["leader"]["epoch"] > after["leader"]["epoch"]
         r = httpx.get(f"{urls[second]}/leaderz", timeout=2)
         assert r.status_code == 503  # the old leader knows it is not

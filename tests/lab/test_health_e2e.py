@@ -65,9 +65,17 @@ def failing_report(node: str) -> dict[str, Any]:
     nv.shutdown()
     g = rep["gpus"][0]
     rep["xid_events"] = [
-        {"xid": 79, "gpu_index": 0, "uuid": g["uuid"], "pci_bus_id": g["pci_bus_id"], "time": rep["collected_at"],
-         "source": "nvml", "message": "GPU has fallen off the bus", "recovery_action": None}
-    ]  # fmt: skip
+        {
+            "xid": 79,
+            "gpu_index": 0,
+            "uuid": g["uuid"],
+            "pci_bus_id": g["pci_bus_id"],
+            "time": rep["collected_at"],
+            "source": "nvml",
+            "message": "GPU has fallen off the bus",
+            "recovery_action": None,
+        }
+    ]
     return rep
 
 

@@ -180,8 +180,12 @@ def test_image_push_dry_run_apply_changed_key_and_dead_node(lab: Any, tmp_path: 
             ("node02", f"pushtest:{build_version(http)}"),
         ]
         running = {n["name"]: n["running_image"] for n in http.get("/api/v1/nodes").json()["items"]}
-        assert running == {"node01": f"pushtest:{build_version(http)}", "node02": f"pushtest:{build_version(http)}",
-                           "node03": None, "node04": None}  # fmt: skip
+        assert running == {
+            "node01": f"pushtest:{build_version(http)}",
+            "node02": f"pushtest:{build_version(http)}",
+            "node03": None,
+            "node04": None,
+        }
 
         # the nodes that took the image still answer over SSH, and now match it
         again = push(srv, http, "node[01-02]")

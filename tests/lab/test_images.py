@@ -47,7 +47,9 @@ def recipes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("recipes")
     for f in (REPO / "images").glob("*.yaml"):
         shutil.copy(f, d / f.name)
-    (d / "broken-layer.yaml").write_text("name: broken-layer\nparent: base\npackages: [bcm-no-such-package]\n")
+    (d / "broken-layer.yaml").write_text(
+        "name: broken-layer\nparent: base\npackages: [bcm-no-such-package]\n"
+    )
     return d
 
 
@@ -68,7 +70,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[
 
 
 def api(server: Server) -> httpx.Client:
-    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"}, timeout=60)
+    return httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {server.token()}"}, timeout=60
+    )
 
 
 def build(server: Server, recipe: str, *extra: str) -> dict[str, Any]:
@@ -172,7 +176,10 @@ def test_a_corrupted_artifact_is_never_sent_as_whole(server: Server) -> None:
     finally:
         with open(path, "r+b") as f:
             f.truncate(rootfs["size"])
-    assert httpx.get(f"{server.url}/boot/v1/images/base/{shown['version']}/nothing.img", timeout=10).status_code == 404
+    assert (
+        httpx.get(f"{server.url}/boot/v1/images/base/{shown['version']}/nothing.img", timeout=10).status_code
+        == 404
+    )
 
 
 def test_a_layer_that_cannot_install_fails_and_leaves_the_current_version(server: Server) -> None:
@@ -186,6 +193,12 @@ def test_a_layer_that_cannot_install_fails_and_leaves_the_current_version(server
     after = json.loads(ok(server.cli("image", "show", "base", "--json")))
     assert (after["version"], after["current"]) == (before["version"], True)
     # the streamed log holds apt's own words
-    shown = subprocess.run([*BCM, "op", "show", str(op["id"]), "--follow"], env=server.env(), capture_output=True,
-                           text=True, timeout=120, cwd=REPO)  # fmt: skip
+    shown = subprocess.run(
+        [*BCM, "op", "show", str(op["id"]), "--follow"],
+        env=server.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert "Unable to locate package" in shown.stdout

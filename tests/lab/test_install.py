@@ -40,8 +40,13 @@ TOO_BIG = LAYOUT.replace("size: 256M", "size: 5G")
 
 def fetches(f: Flow) -> dict[str, float]:
     """bcm's boot-artifact downloads so far, by kind (/metrics, with the admin token)."""
-    out = subprocess.run(["curl", "-sf", "-H", f"Authorization: Bearer {f.server.token()}", f"{f.server.url}/metrics"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["curl", "-sf", "-H", f"Authorization: Bearer {f.server.token()}", f"{f.server.url}/metrics"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     found = dict(re.findall(r'^bcm_boot_artifact_fetches_total\{kind="(\w+)"\} (\S+)$', out, re.MULTILINE))
     return {k: float(v) for k, v in found.items()}
 
@@ -62,7 +67,9 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     f.sh(".venv/bin/bcm category install inst --mode full --layout layout.yaml")
     f.sh(".venv/bin/bcm lab up --nodes 0 --gpus 0 --vms 1 --disk 8G --category inst")
     assert (f.server.state_dir / "lab" / "bcmlab" / "vms" / "vm01" / "disk.qcow2").is_file()
-    f.sh(".venv/bin/bcm pxe enable --interface bcmlab-prov --address 198.18.0.1 --range 198.18.0.100-198.18.0.150")
+    f.sh(
+        ".venv/bin/bcm pxe enable --interface bcmlab-prov --address 198.18.0.1 --range 198.18.0.100-198.18.0.150"
+    )
     f.sh(".venv/bin/bcm node provision vm01")
     try:
         # the plug pulled while the image is being copied to the disk: bcm holds the disk for "installing"
@@ -79,13 +86,22 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     version = f.json("image", "show", "disk")["version"]
     assert (node["install_state"], node["installed_image"]) == ("installed", f"disk:{version}"), node
     assert (node["booted_from"], node["booted_image"]) == ("disk", node["installed_image"]), node
-    assert node["install_bytes"] and node["install_bytes"] > 100 << 20, node  # the image crossed onto the disk
+    assert node["install_bytes"] and node["install_bytes"] > 100 << 20, (
+        node
+    )  # the image crossed onto the disk
     disks = {d["name"]: d for d in node["hardware"]["facts"]["disks"]}
     assert disks["vda"]["size_bytes"] == 8 << 30, disks
 
     # a layout bigger than the inventoried disk: refused before anything runs, the field named
-    done = subprocess.run(["bash", "-c", ".venv/bin/bcm category install inst --layout big.yaml"], cwd=f.work,
-                          env=f.server.env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", ".venv/bin/bcm category install inst --layout big.yaml"],
+        cwd=f.work,
+        env=f.server.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode != 0 and "disk_layout.disks[0].partitions[1].size" in done.stderr, done.stderr
     assert f.json("category", "install", "inst")["disk_layout"]["disks"][0]["partitions"][1]["size"] == "256M"
 
@@ -98,5 +114,7 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     assert fetches(f) == before, (before, fetches(f))
     # this boot's console: bcm's initramfs mounted the disk's root (GRUB's bcm.disk=) and fetched nothing
     console = serial(f)
-    assert "booting the system installed on /dev/vda2" in console and "bcm-init: fetching" not in console, console
+    assert "booting the system installed on /dev/vda2" in console and "bcm-init: fetching" not in console, (
+        console
+    )
     print(json.dumps({k: node[k] for k in ("installed_image", "install_bytes", "booted_from")}))

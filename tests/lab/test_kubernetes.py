@@ -68,43 +68,93 @@ def bcm_tainted(node: Any) -> bool:
 
 def deploy(run: SlurmLab, *extra: str) -> dict[str, Any]:
     done = run.cli_raw(
-        "wlm", "deploy", "kubernetes", "--name", "k8s", "--control-plane", run.controller,
-        "--nodes", run.hostlist, "--set", "gpu_quota=4", "--json", *extra,
-    )  # fmt: skip
+        "wlm",
+        "deploy",
+        "kubernetes",
+        "--name",
+        "k8s",
+        "--control-plane",
+        run.controller,
+        "--nodes",
+        run.hostlist,
+        "--set",
+        "gpu_quota=4",
+        "--json",
+        *extra,
+    )
     try:
         op: dict[str, Any] = json.loads(done.stdout)
     except ValueError:
-        raise AssertionError(f"deploy: {done.returncode} {done.stdout[-2000:]} {done.stderr[-2000:]}") from None
+        raise AssertionError(
+            f"deploy: {done.returncode} {done.stdout[-2000:]} {done.stderr[-2000:]}"
+        ) from None
     assert (done.returncode == 0) == (op.get("state") == "succeeded"), (done.returncode, op.get("state"))
     return op
 
 
 def gang_job(name: str, pods: int, gpus: int) -> str:
-    return json.dumps({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": "bcm-system", "labels": {"kueue.x-k8s.io/queue-name": "bcm"}},
-        "spec": {"parallelism": pods, "completions": pods, "template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{"name": "t", "image": "registry.invalid/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": "bcm-system",
+                "labels": {"kueue.x-k8s.io/queue-name": "bcm"},
+            },
+            "spec": {
+                "parallelism": pods,
+                "completions": pods,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "t",
+                                "image": "registry.invalid/train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                            }
+                        ],
+                    }
+                },
+            },
+        }
+    )
 
 
 def workload_of(run: SlurmLab, job: str) -> Any:
     items = kjson(run, "get", "workloads.kueue.x-k8s.io", "-n", "bcm-system")["items"]
-    return next((w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None)
+    return next(
+        (w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None
+    )
 
 
 def held_job(name: str, ns: str, pods: int) -> str:
     """A Job whose pods hold one GPU each for 10 minutes (kwok's completion delay annotation)."""
-    return json.dumps({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": ns, "labels": {"kueue.x-k8s.io/queue-name": ns}},
-        "spec": {"parallelism": pods, "completions": pods, "template": {
-            "metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": "10m"}},
-            "spec": {"restartPolicy": "Never", "containers": [{
-                "name": "t", "image": "registry.invalid/train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": ns, "labels": {"kueue.x-k8s.io/queue-name": ns}},
+            "spec": {
+                "parallelism": pods,
+                "completions": pods,
+                "template": {
+                    "metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": "10m"}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "t",
+                                "image": "registry.invalid/train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+    )
 
 
 def conditions(wl: Any) -> dict[str, str]:
@@ -113,7 +163,9 @@ def conditions(wl: Any) -> dict[str, str]:
 
 def wl_in(run: SlurmLab, ns: str, job: str) -> Any:
     items = kjson(run, "get", "workloads.kueue.x-k8s.io", "-n", ns)["items"]
-    return next((w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None)
+    return next(
+        (w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None
+    )
 
 
 def tenancy_in_kueue(run: SlurmLab) -> None:
@@ -124,7 +176,20 @@ def tenancy_in_kueue(run: SlurmLab) -> None:
         assert run.cli_raw("user", "add", user, "--role", "user").returncode == 0
     run.cli("dept", "add", "research", "--gpus", "6", "--fairshare", "10", "--json")
     run.cli("project", "add", "vision", "--dept", "research", "--gpus", "2", "--limit", "4", "--json")
-    run.cli("project", "add", "nlp", "--dept", "research", "--gpus", "4", "--limit", "4", "--fairshare", "3", "--json")
+    run.cli(
+        "project",
+        "add",
+        "nlp",
+        "--dept",
+        "research",
+        "--gpus",
+        "4",
+        "--limit",
+        "4",
+        "--fairshare",
+        "3",
+        "--json",
+    )
     for project, user in (("vision", "alice"), ("nlp", "bob")):
         done = run.cli_raw("project", "members", "add", project, user)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -140,23 +205,39 @@ def tenancy_in_kueue(run: SlurmLab) -> None:
     assert (res["nominalQuota"], res["borrowingLimit"]) == ("2", "2")
     quota = kjson(run, "get", "resourcequota", "bcm-gpus", "-n", "nlp")
     assert quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "4"}
-    assert kjson(run, "get", "localqueues.kueue.x-k8s.io", "vision", "-n", "vision")["spec"]["clusterQueue"] == "vision"
+    assert (
+        kjson(run, "get", "localqueues.kueue.x-k8s.io", "vision", "-n", "vision")["spec"]["clusterQueue"]
+        == "vision"
+    )
     binding = kjson(run, "get", "rolebinding", "bcm-members", "-n", "nlp")
     assert [x["name"] for x in binding["subjects"]] == ["bob"]
 
     # re-applying changes nothing: an empty plan, and no object rewritten
-    before = {k: kjson(run, *k.split())["metadata"]["resourceVersion"] for k in (
-        "get clusterqueues.kueue.x-k8s.io vision", "get cohorts.kueue.x-k8s.io research",
-        "get resourcequota bcm-gpus -n nlp", "get rolebinding bcm-members -n vision")}  # fmt: skip
+    before = {
+        k: kjson(run, *k.split())["metadata"]["resourceVersion"]
+        for k in (
+            "get clusterqueues.kueue.x-k8s.io vision",
+            "get cohorts.kueue.x-k8s.io research",
+            "get resourcequota bcm-gpus -n nlp",
+            "get rolebinding bcm-members -n vision",
+        )
+    }
     again = run.cli("tenancy", "apply", "--cluster", "k8s", "--json")
     assert again["changes"] == [], again
     assert before == {k: kjson(run, *k.split())["metadata"]["resourceVersion"] for k in before}
 
     # vision borrows nlp's idle GPUs up to its limit (4) and no further
     kubectl(run, "create", "-f", "-", stdin=held_job("borrow", "vision", 4))
-    until("vision's 4-GPU job to be admitted", lambda: conditions(wl_in(run, "vision", "borrow")).get("QuotaReserved") == "True")
+    until(
+        "vision's 4-GPU job to be admitted",
+        lambda: conditions(wl_in(run, "vision", "borrow")).get("QuotaReserved") == "True",
+    )
     kubectl(run, "create", "-f", "-", stdin=held_job("over", "vision", 1))
-    until("Kueue to hold vision's fifth GPU back", lambda: conditions(wl_in(run, "vision", "over")).get("QuotaReserved") == "False")
+    until(
+        "Kueue to hold vision's fifth GPU back",
+        lambda: conditions(wl_in(run, "vision", "over")).get("QuotaReserved") == "False",
+    )
+
     def reserved() -> Any:
         status = kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "vision").get("status", {})
         res = (status.get("flavorsReservation") or [{}])[0].get("resources") or [{}]
@@ -166,18 +247,29 @@ def tenancy_in_kueue(run: SlurmLab) -> None:
 
     # nlp submits: Kueue reclaims its lent GPUs by preempting vision's borrowing job
     kubectl(run, "create", "-f", "-", stdin=held_job("reclaim", "nlp", 4))
-    until("nlp's job to be admitted", lambda: conditions(wl_in(run, "nlp", "reclaim")).get("QuotaReserved") == "True")
+    until(
+        "nlp's job to be admitted",
+        lambda: conditions(wl_in(run, "nlp", "reclaim")).get("QuotaReserved") == "True",
+    )
     evicted = conditions(wl_in(run, "vision", "borrow"))
     assert evicted.get("QuotaReserved") != "True" and evicted.get("Evicted") == "True", evicted
     # usage is read from the ClusterQueue's status, which Kueue updates after it admits: wait for it
-    until("bcm to show nlp's 4 GPUs in use", lambda: run.cli("project", "usage", "nlp", "--json")["wlm"]["gpus_running"] == 4)
+    until(
+        "bcm to show nlp's 4 GPUs in use",
+        lambda: run.cli("project", "usage", "nlp", "--json")["wlm"]["gpus_running"] == 4,
+    )
 
     # removing a project removes its queue and namespace
     assert run.cli_raw("project", "rm", "vision").returncode == 0
     removed = run.cli("tenancy", "apply", "--cluster", "k8s", "--json")
     assert {(c["action"], c["name"]) for c in removed["changes"]} == {
-        ("remove", "clusterqueue/vision"), ("remove", "namespace/vision")}, removed
-    until("vision's ClusterQueue to be gone", lambda: "vision" not in kubectl(run, "get", "clusterqueues.kueue.x-k8s.io"))
+        ("remove", "clusterqueue/vision"),
+        ("remove", "namespace/vision"),
+    }, removed
+    until(
+        "vision's ClusterQueue to be gone",
+        lambda: "vision" not in kubectl(run, "get", "clusterqueues.kueue.x-k8s.io"),
+    )
 
 
 def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
@@ -189,8 +281,10 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
 
         # a deploy to a node bcm has not inventoried is refused before anything runs
         http.post("/api/v1/nodes", json={"name": "ghost01"}).raise_for_status()
-        refused = http.post("/api/v1/wlm/kubernetes/deploy",
-                            json={"name": "k8s", "controller": run.controller, "nodes": "ghost01"})  # fmt: skip
+        refused = http.post(
+            "/api/v1/wlm/kubernetes/deploy",
+            json={"name": "k8s", "controller": run.controller, "nodes": "ghost01"},
+        )
         assert refused.status_code == 409 and "not inventoried" in refused.text, refused.text
 
         op = deploy(run)
@@ -217,9 +311,17 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
 
         # gang admission: 3 pods x 2 GPUs = 6 > the quota of 4 -> pending, and not one pod made
         kubectl(run, "create", "-f", "-", stdin=gang_job("too-big", 3, 2))
-        wl = until("Kueue to consider the big job", lambda: (w := workload_of(run, "too-big")) and
-                   any(c["type"] == "QuotaReserved" and c["status"] == "False"
-                       for c in w.get("status", {}).get("conditions", [])) and w)  # fmt: skip
+        wl = until(
+            "Kueue to consider the big job",
+            lambda: (
+                (w := workload_of(run, "too-big"))
+                and any(
+                    c["type"] == "QuotaReserved" and c["status"] == "False"
+                    for c in w.get("status", {}).get("conditions", [])
+                )
+                and w
+            ),
+        )
         assert "nvidia.com/gpu" in json.dumps(wl["status"]["conditions"])
         assert kjson(run, "get", "job", "too-big", "-n", "bcm-system")["spec"]["suspend"] is True
         assert kjson(run, "get", "pods", "-n", "bcm-system", "-l", "job-name=too-big")["items"] == []
@@ -227,7 +329,9 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
 
         # agents on the GPU nodes, reporting from their simulated GPUs
         url = f"http://{run.lab.head_ip}:{run.server.port}"
-        done = run.cli_raw("agent", "deploy", f"{sick},{admins}", "--server-url", url, "--interval", str(INTERVAL_S))
+        done = run.cli_raw(
+            "agent", "deploy", f"{sick},{admins}", "--server-url", url, "--interval", str(INTERVAL_S)
+        )
         assert done.returncode == 0, done.stdout + done.stderr
 
         # an admin cordons node03 by hand; then XID 79 on both
@@ -239,18 +343,41 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
         assert n["spec"]["unschedulable"] is True
         reason = n["metadata"]["annotations"]["bcm.io/drain-reason"]
         assert reason.startswith(f"bcm: GPU 0 {fakegpu.gpu_uuid(sick, 0)}") and "lost" in reason, reason
-        until("bcm to leave the admin's cordon alone", lambda: any(
-            "left alone" in e["message"] for e in http.get("/api/v1/health/events", params={"node": admins}).json()))
+        until(
+            "bcm to leave the admin's cordon alone",
+            lambda: any(
+                "left alone" in e["message"]
+                for e in http.get("/api/v1/health/events", params={"node": admins}).json()
+            ),
+        )
         assert not bcm_tainted(nodes(run)[admins])
 
         # the scheduler places nothing on the sick node any more
-        pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pinned", "namespace": "default"},
-                          "spec": {"nodeSelector": {"kubernetes.io/hostname": sick},
-                                   "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}})  # fmt: skip
+        pod = json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "pinned", "namespace": "default"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": sick},
+                    "containers": [{"name": "c", "image": "registry.invalid/x:1"}],
+                },
+            }
+        )
         kubectl(run, "create", "-f", "-", stdin=pod)
-        cond = until("the scheduler to refuse the pinned pod", lambda: next(
-            (c for c in kjson(run, "get", "pod", "pinned", "-n", "default")["status"].get("conditions", [])
-             if c["type"] == "PodScheduled" and c["status"] == "False"), None))  # fmt: skip
+        cond = until(
+            "the scheduler to refuse the pinned pod",
+            lambda: next(
+                (
+                    c
+                    for c in kjson(run, "get", "pod", "pinned", "-n", "default")["status"].get(
+                        "conditions", []
+                    )
+                    if c["type"] == "PodScheduled" and c["status"] == "False"
+                ),
+                None,
+            ),
+        )
         assert "bcm.io/gpu-unhealthy" in cond["message"] or "unschedulable" in cond["message"], cond
         assert not kjson(run, "get", "pod", "pinned", "-n", "default")["spec"].get("nodeName")
 
@@ -261,24 +388,34 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
         n = until("bcm to lift its taint", lambda: not bcm_tainted(m := nodes(run)[sick]) and m)
         assert not n["spec"].get("unschedulable")
         assert nodes(run)[admins]["spec"]["unschedulable"] is True
-        until("the pinned pod to be placed", lambda: kjson(run, "get", "pod", "pinned", "-n", "default")
-              ["spec"].get("nodeName") == sick)  # fmt: skip
+        until(
+            "the pinned pod to be placed",
+            lambda: kjson(run, "get", "pod", "pinned", "-n", "default")["spec"].get("nodeName") == sick,
+        )
 
         # a re-deploy changes nothing: Ansible changed=0 and no API object rewritten
-        versions = {k: v["metadata"]["resourceVersion"] for k, v in (
-            ("cq", kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "bcm-gpus")),
-            ("lq", kjson(run, "get", "localqueues.kueue.x-k8s.io", "bcm", "-n", "bcm-system")),
-            ("rbac", kjson(run, "get", "clusterrole", "bcm:kwok")),
-            ("hook", kjson(run, "get", "validatingwebhookconfiguration", "bcm-kueue-validating")))}  # fmt: skip
+        versions = {
+            k: v["metadata"]["resourceVersion"]
+            for k, v in (
+                ("cq", kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "bcm-gpus")),
+                ("lq", kjson(run, "get", "localqueues.kueue.x-k8s.io", "bcm", "-n", "bcm-system")),
+                ("rbac", kjson(run, "get", "clusterrole", "bcm:kwok")),
+                ("hook", kjson(run, "get", "validatingwebhookconfiguration", "bcm-kueue-validating")),
+            )
+        }
         again = deploy(run, "--no-verify")
         assert again["state"] == "succeeded", again.get("error")
         assert "changed=0\n" in again["log"] and "api: changed=0" in again["log"], again["log"]
         assert all(r["changed"] == 0 for r in again["results"].values()), again["results"]
-        assert versions == {k: v["metadata"]["resourceVersion"] for k, v in (
-            ("cq", kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "bcm-gpus")),
-            ("lq", kjson(run, "get", "localqueues.kueue.x-k8s.io", "bcm", "-n", "bcm-system")),
-            ("rbac", kjson(run, "get", "clusterrole", "bcm:kwok")),
-            ("hook", kjson(run, "get", "validatingwebhookconfiguration", "bcm-kueue-validating")))}  # fmt: skip
+        assert versions == {
+            k: v["metadata"]["resourceVersion"]
+            for k, v in (
+                ("cq", kjson(run, "get", "clusterqueues.kueue.x-k8s.io", "bcm-gpus")),
+                ("lq", kjson(run, "get", "localqueues.kueue.x-k8s.io", "bcm", "-n", "bcm-system")),
+                ("rbac", kjson(run, "get", "clusterrole", "bcm:kwok")),
+                ("hook", kjson(run, "get", "validatingwebhookconfiguration", "bcm-kueue-validating")),
+            )
+        }
 
         kubectl(run, "uncordon", admins)  # the admin is done: all 6 GPUs schedulable for what follows
         tenancy_in_kueue(run)
@@ -286,10 +423,16 @@ def test_kubernetes_lab_end_to_end(lab_required: None, tmp_path: Path) -> None:
         # a killed lab node goes NotReady in the API, and bcm shows it
         run.lab.kill(dies)
         until("the killed node to go NotReady", lambda: ready(nodes(run)[dies]) != "True", timeout_s=180)
-        shown = until("bcm to show it", lambda: (
-            s := run.cli("wlm", "status", "k8s", "--sync", "--json"))
-            and next(m for m in s["members"] if m["name"] == dies)["wlm_state"].startswith(("notready", "unknown"))
-            and s)  # fmt: skip
+        shown = until(
+            "bcm to show it",
+            lambda: (
+                (s := run.cli("wlm", "status", "k8s", "--sync", "--json"))
+                and next(m for m in s["members"] if m["name"] == dies)["wlm_state"].startswith(
+                    ("notready", "unknown")
+                )
+                and s
+            ),
+        )
         assert shown["kind"] == "kubernetes"
         node = run.cli("node", "show", dies, "--json")
         assert node["wlm_state"].startswith(("notready", "unknown")), node

@@ -163,10 +163,26 @@ def test_up_after_a_crash_cleans_leftovers(
     try:
         # A first lab made by another process, which then "crashes" losing its state file, plus strays.
         subprocess.run(
-            [sys.executable, "-m", "bcm.lab", "--state-dir", str(state_dir), "--name", "bcmcrash",
-             "--subnet", "198.18.3.0/24", "up", "--nodes", "2", "--authorized-key", str(key_file)],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "bcm.lab",
+                "--state-dir",
+                str(state_dir),
+                "--name",
+                "bcmcrash",
+                "--subnet",
+                "198.18.3.0/24",
+                "up",
+                "--nodes",
+                "2",
+                "--authorized-key",
+                str(key_file),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         old = lab.status()
         old_pids = [pid for node in old for pid in (node.sshd_pid, node.parent_pid) if pid]
         assert len(old_pids) == 4 and all(node.alive for node in old)

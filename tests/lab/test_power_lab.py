@@ -80,8 +80,13 @@ def test_vms_power_on_off_cycle_and_pxe_through_both_protocols(
     lab, vms = vm_lab
     assert [v.bmc.kind for v in vms] == ["ipmi", "redfish"]
     for v in vms:
-        body = {"name": v.name, "mac": v.mac, "bmc_address": v.bmc.address, "bmc_protocol": v.bmc.kind,
-                "bmc_user": v.bmc.user}  # fmt: skip
+        body = {
+            "name": v.name,
+            "mac": v.mac,
+            "bmc_address": v.bmc.address,
+            "bmc_protocol": v.bmc.kind,
+            "bmc_user": v.bmc.user,
+        }
         assert api.post("/api/v1/nodes", json=body).status_code == 201
         api.put("/api/v1/nodes/bmc-password", json={"nodes": v.name, "password": v.bmc.password})
     machines = {v.name: Machine(v.bmc.dir) for v in vms}

@@ -52,9 +52,17 @@ def copy_tree(dest: Path) -> None:
     shutil.copytree(
         REPO,
         dest,
-        ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".mypy_cache",
-                                      ".ruff_cache", ".pytest_cache", "build"),
-    )  # fmt: skip
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "__pycache__",
+            "*.egg-info",
+            ".mypy_cache",
+            ".ruff_cache",
+            ".pytest_cache",
+            "build",
+        ),
+    )
 
 
 def wait_listening(port: int, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:
@@ -73,10 +81,14 @@ def wait_listening(port: int, server: subprocess.Popen[bytes], log: Path, timeou
 def test_sh_lines_are_found_in_order() -> None:
     text = "intro\n```sh\n# comment\na --x  # note\n\nb\n```\n```python\nc\n```\n```sh\nd &\n```\n"
     assert sh_lines(text) == ["a --x  # note", "b", "d &"]
-    owned = text + "<!-- run verbatim by tests/lab/x.py, which checks more -->\n```sh\ne\n```\n```sh\nf\n```\n"
+    owned = (
+        text + "<!-- run verbatim by tests/lab/x.py, which checks more -->\n```sh\ne\n```\n```sh\nf\n```\n"
+    )
     assert sh_lines(owned) == ["a --x  # note", "b", "d &", "f"]
     assert sh_lines(owned, "tests/lab/x.py") == ["e"]
-    assert sh_lines(README.read_text(), "tests/lab/test_zero_touch.py"), "the zero-touch flow is run by its test"
+    assert sh_lines(README.read_text(), "tests/lab/test_zero_touch.py"), (
+        "the zero-touch flow is run by its test"
+    )
 
 
 @pytest.mark.timeout(3600)  # the flows boot two TCG VMs over PXE, among the rest
@@ -102,22 +114,30 @@ def test_readme_flows_work_as_written(lab_required: None, tmp_path: Path) -> Non
                 with open(log, "wb") as out:
                     proc = subprocess.Popen(
                         ["bash", "-c", "exec " + command.rstrip().rstrip("&")],
-                        cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                    )  # fmt: skip
+                        cwd=work,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 background.append(proc)
                 wait_listening(port, proc, log)
                 transcript.append(f"$ {line}\n(started in the background)")
                 continue
             done = subprocess.run(
                 ["bash", "-o", "pipefail", "-c", command],
-                cwd=work, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
-            )  # fmt: skip
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT_S,
+                check=False,
+            )
             output = done.stdout + done.stderr
             transcript.append(f"$ {line}\n{output[-3000:]}")
             if done.returncode != 0 or ERROR.search(output):
                 pytest.fail(
-                    f"README command failed (exit {done.returncode}): {line}\n\n"
-                    + "\n".join(transcript[-4:])
+                    f"README command failed (exit {done.returncode}): {line}\n\n" + "\n".join(transcript[-4:])
                 )
         assert any("lab down" in line for line in lines), "README's lab flow must end with bcm lab down"
     finally:

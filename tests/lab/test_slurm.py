@@ -153,12 +153,13 @@ def test_slurm_deploy_verify_drain_resume_redeploy(slurm_lab: SlurmLab) -> None:
     assert broken["state"] == "failed" and "unreachable" in (broken["error"] or ""), explain(broken)
     assert all(r["status"] != "ok" for r in broken["results"].values()), broken["results"]
     # the CLI shows that reason where the (empty) results table would be, and exits non-zero
-    shown = run.cli_raw("wlm", "deploy", "slurm", "--name", "lab", "--controller", run.controller,
-                        "--nodes", run.hostlist)  # fmt: skip
-    assert shown.returncode == 1, shown.stdout + shown.stderr
-    assert "error: operation" in shown.stderr and f"controller {run.controller} unreachable" in shown.stderr, (
-        shown.stderr
+    shown = run.cli_raw(
+        "wlm", "deploy", "slurm", "--name", "lab", "--controller", run.controller, "--nodes", run.hostlist
     )
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert (
+        "error: operation" in shown.stderr and f"controller {run.controller} unreachable" in shown.stderr
+    ), shown.stderr
     after = http.get("/api/v1/wlm/lab").json()
     assert after["state"] == "failed" and "unreachable" in after["last_error"]
 

@@ -39,9 +39,16 @@ def bcm(run: SlurmLab, *args: str) -> Any:
 def tree(run: SlurmLab) -> dict[tuple[str, str], tuple[str, str, str]]:
     """(account, user) -> (parent, fairshare, GrpTRES) from `sacctmgr show assoc tree`, bcm's accounts only."""
     out = sh(
-        run, "sacctmgr", "-nP", "show", "assoc", "tree", "where", "cluster=lab",
+        run,
+        "sacctmgr",
+        "-nP",
+        "show",
+        "assoc",
+        "tree",
+        "where",
+        "cluster=lab",
         "format=Account,User,ParentName,Fairshare,GrpTRES",
-    )  # fmt: skip
+    )
     rows: dict[tuple[str, str], tuple[str, str, str]] = {}
     for line in out.splitlines():
         account, user, parent, share, tres = (p.strip() for p in line.split("|")[:5])
@@ -58,9 +65,10 @@ def submit(
     run: SlurmLab, user: str, account: str, seconds: int = 600, name: str = "t", extra: str = "--gres=gpu:1"
 ) -> str:
     out = as_user(
-        run, user,
+        run,
+        user,
         f"sbatch --parsable --account={account} {extra} --mem=64M --job-name={name} -o /dev/null --wrap='sleep {seconds}'",
-    )  # fmt: skip
+    )
     return out.strip().split(";")[0]
 
 
@@ -233,9 +241,20 @@ def test_fair_share_orders_a_shared_backlog(ten_lab: SlurmLab) -> None:
     for project, user in (("light", "alice"), ("heavy", "bob")):
         assert run.cli_raw("project", "members", "add", project, user).returncode == 0
     deployed = run.cli_raw(
-        "wlm", "deploy", "slurm", "--name", "lab", "--controller", run.controller, "--nodes", run.hostlist,
-        "--no-verify", "--json", "--set", "priority_calc_period=1",
-    )  # fmt: skip
+        "wlm",
+        "deploy",
+        "slurm",
+        "--name",
+        "lab",
+        "--controller",
+        run.controller,
+        "--nodes",
+        run.hostlist,
+        "--no-verify",
+        "--json",
+        "--set",
+        "priority_calc_period=1",
+    )
     assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
     bcm(run, "tenancy", "apply")
     assert "PriorityCalcPeriod" in sh(run, "scontrol", "show", "config")
@@ -249,13 +268,23 @@ def test_fair_share_orders_a_shared_backlog(ten_lab: SlurmLab) -> None:
 
     def usage(account: str) -> int:
         out = sh(run, "sshare", "-nP", "-A", account, "-o", "Account,User,RawUsage")
-        return sum(int(p[2]) for p in (ln.split("|") for ln in out.splitlines()) if not p[1] and p[2].isdigit())
+        return sum(
+            int(p[2]) for p in (ln.split("|") for ln in out.splitlines()) if not p[1] and p[2].isdigit()
+        )
 
     wait_for("usage recorded for both", lambda: usage("light") > 0 and usage("heavy") > 0)
 
     # a job of root's holds every GPU while the backlog queues behind it, light's submitted first
-    blocker = sh(run, "sh", "-c", "cd /tmp && sbatch --parsable -N2 --gres=gpu:2 --mem=64M -o /dev/null "
-                 "--wrap='sleep 600'").strip().split(";")[0]  # fmt: skip
+    blocker = (
+        sh(
+            run,
+            "sh",
+            "-c",
+            "cd /tmp && sbatch --parsable -N2 --gres=gpu:2 --mem=64M -o /dev/null --wrap='sleep 600'",
+        )
+        .strip()
+        .split(";")[0]
+    )
     wait_for("blocker running", lambda: job_state(run, blocker)[0] == "RUNNING")
     backlog = []
     for i in range(2):

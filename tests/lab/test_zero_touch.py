@@ -45,17 +45,35 @@ class Flow:
         self.transcript: list[str] = []
 
     def sh(self, line: str) -> None:
-        done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=self.work, env=self.server.env(),
-                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", line],
+            cwd=self.work,
+            env=self.server.env(),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+        )
         output = done.stdout + done.stderr
         self.transcript.append(f"$ {line}\n{output[-4000:]}")
         if done.returncode != 0 or ERROR.search(output):
-            pytest.fail(f"README command failed (exit {done.returncode}): {line}\n\n" + "\n".join(self.transcript[-3:])
-                        + "\n\nserver log:\n" + self.server_log())  # fmt: skip
+            pytest.fail(
+                f"README command failed (exit {done.returncode}): {line}\n\n"
+                + "\n".join(self.transcript[-3:])
+                + "\n\nserver log:\n"
+                + self.server_log()
+            )
 
     def json(self, *args: str) -> Any:
-        done = subprocess.run([*BCM, *args, "--json"], env=self.server.env(), cwd=REPO, capture_output=True,
-                              text=True, timeout=300, check=False)  # fmt: skip
+        done = subprocess.run(
+            [*BCM, *args, "--json"],
+            env=self.server.env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, (args, done.stderr[-2000:])
         return json.loads(done.stdout)
 
@@ -75,8 +93,12 @@ def dnsmasq_dies_and_comes_back(flow: Flow) -> None:
     """dnsmasq killed: `bcm serve` supervises it and starts it again."""
     first = until("dnsmasq to run", lambda: dnsmasq_pid(flow), 30, 0.5)
     os.kill(first, signal.SIGKILL)
-    until("dnsmasq to be restarted", lambda: (p := dnsmasq_pid(flow)) not in (None, first)
-          and Path(f"/proc/{p}").exists(), 60, 0.5)  # fmt: skip
+    until(
+        "dnsmasq to be restarted",
+        lambda: (p := dnsmasq_pid(flow)) not in (None, first) and Path(f"/proc/{p}").exists(),
+        60,
+        0.5,
+    )
 
 
 @pytest.fixture
@@ -92,8 +114,14 @@ def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
     finally:
         (tmp_path / "transcript.txt").write_text("\n".join(f.transcript) + "\n")
         try:
-            subprocess.run([*BCM, "pxe", "disable"], env=server.env(), cwd=REPO, capture_output=True, timeout=120,
-                           check=False)  # fmt: skip
+            subprocess.run(
+                [*BCM, "pxe", "disable"],
+                env=server.env(),
+                cwd=REPO,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
             leftover = Lab(server.state_dir / "lab" / "bcmlab", "bcmlab")
             if leftover.is_up():
                 leftover.down()
@@ -106,9 +134,9 @@ def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
     lines = sh_lines(README.read_text(), "tests/lab/test_zero_touch.py")
     teardown = next(i for i, line in enumerate(lines) if "pxe disable" in line)
     power_on = next(i for i, line in enumerate(lines) if "vm-power on" in line)
-    assert all(".venv/bin/bcm node wait" in ln or "wlm status" in ln for ln in lines[power_on + 1 : teardown]), (
-        "after the power buttons the flow only waits and reads"
-    )
+    assert all(
+        ".venv/bin/bcm node wait" in ln or "wlm status" in ln for ln in lines[power_on + 1 : teardown]
+    ), "after the power buttons the flow only waits and reads"
     # the image the category names, built as the README's image section builds it
     flow.sh(next(ln for ln in sh_lines(README.read_text()) if "bcm image build lab" in ln))
     for i, line in enumerate(lines[:teardown]):
@@ -120,7 +148,9 @@ def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
     for name in GOOD:
         n = nodes[name]
         assert n["provision_state"] == "ready" and n["category"] == "zt" and n["last_error"] is None, n
-        assert n["bmc_address"] and n["bmc_protocol"] in ("ipmi", "redfish"), n  # taken from its discovery report
+        assert n["bmc_address"] and n["bmc_protocol"] in ("ipmi", "redfish"), (
+            n
+        )  # taken from its discovery report
         assert n["inventoried_at"] and n["interfaces"][0]["ip"].startswith("198.18.0."), n
     bad = nodes["bad01"]
     assert bad["provision_state"] == "failed" and bad["category"] == "bad", bad
@@ -138,10 +168,26 @@ def test_power_on_to_ready_in_slurm_with_no_command(flow: Flow) -> None:
         known = flow.work / f"kh-{name}"
         known.write_text(f"{ip} {pins[name]}\n")
         ssh = subprocess.run(
-            ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-             "-o", f"UserKnownHostsFile={known}", "-o", "ConnectTimeout=10", f"root@{ip}", "hostname"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            [
+                "ssh",
+                "-i",
+                str(key),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "ConnectTimeout=10",
+                f"root@{ip}",
+                "hostname",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert ssh.returncode == 0 and ssh.stdout.strip() == name, ssh.stderr
 
     cluster = flow.json("wlm", "status", "zt")

@@ -59,8 +59,14 @@ def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
     finally:
         (tmp_path / "transcript.txt").write_text("\n".join(f.transcript) + "\n")
         try:
-            subprocess.run(["bash", "-c", f"{BCM} pxe disable; {BCM} lab down"], cwd=work, env=server.env(),
-                           capture_output=True, timeout=300, check=False)  # fmt: skip
+            subprocess.run(
+                ["bash", "-c", f"{BCM} pxe disable; {BCM} lab down"],
+                cwd=work,
+                env=server.env(),
+                capture_output=True,
+                timeout=300,
+                check=False,
+            )
             leftover = Lab(server.state_dir / "lab" / "bcmlab", "bcmlab")
             if leftover.is_up():
                 leftover.down()
@@ -86,7 +92,9 @@ def test_power_on_to_ready_in_kubernetes_with_no_command(flow: Flow) -> None:
     lab = Lab(flow.server.state_dir / "lab" / "bcmlab", "bcmlab")
 
     node = flow.json("node", "show", "zk01")
-    assert node["provision_state"] == "ready" and node["category"] == "ztk" and node["last_error"] is None, node
+    assert node["provision_state"] == "ready" and node["category"] == "ztk" and node["last_error"] is None, (
+        node
+    )
     assert node["bmc_address"] and node["inventoried_at"], node
 
     # the API server's truth: the VM's Node object, Ready (its kwok kubelet runs on the VM), bcm's label
@@ -94,7 +102,9 @@ def test_power_on_to_ready_in_kubernetes_with_no_command(flow: Flow) -> None:
     assert set(seen) == {"node02", "zk01"}, sorted(seen)
     assert ready(seen["zk01"]) == "True", seen["zk01"]["status"]
     assert seen["zk01"]["metadata"]["labels"]["bcm.io/cluster"] == "ztk"
-    assert seen["zk01"]["status"]["addresses"][0]["address"] == node["interfaces"][0]["ip"], seen["zk01"]["status"]
+    assert seen["zk01"]["status"]["addresses"][0]["address"] == node["interfaces"][0]["ip"], seen["zk01"][
+        "status"
+    ]
     cluster = flow.json("wlm", "status", "ztk", "--sync")
     states = {m["name"]: m["wlm_state"] for m in cluster["members"]}
     assert states.get("zk01") == "ready" and states.get("node02") == "ready", cluster

@@ -21,7 +21,9 @@ from sqlalchemy import create_engine, text
 from bcm.devserver import Server
 
 CHROMIUM = os.environ.get("BCM_TEST_CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(os.environ.get("BCM_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "artifacts")) / "ui"
+ARTIFACTS = (
+    Path(os.environ.get("BCM_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "artifacts")) / "ui"
+)
 
 
 def _unavailable(why: str) -> None:
@@ -42,7 +44,8 @@ def browser() -> Iterator[Any]:
         _unavailable("playwright is not installed (pip install -e '.[test]')")
     with sync_playwright() as p:
         b = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking", "--disable-gpu"]
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu"],
         )
         try:
             yield b

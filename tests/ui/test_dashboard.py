@@ -21,8 +21,17 @@ from bcm.agent.fake_nvml import FakeNvml
 from bcm.lab.fakegpu import RECORDED_NVML
 from tests.ui.conftest import Site, shoot, sign_in, start_site
 
-PAGES = ["/ui/", "/ui/nodes", "/ui/nodes/gpu01", "/ui/operations", "/ui/health", "/ui/images", "/ui/wlm",
-         "/ui/tenancy", "/ui/pxe"]  # fmt: skip
+PAGES = [
+    "/ui/",
+    "/ui/nodes",
+    "/ui/nodes/gpu01",
+    "/ui/operations",
+    "/ui/health",
+    "/ui/images",
+    "/ui/wlm",
+    "/ui/tenancy",
+    "/ui/pxe",
+]
 SCRIPT_REASON = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> fan swap'
 
 
@@ -39,17 +48,28 @@ def events(site: Site, action: str) -> list[dict[str, Any]]:
 def seed_tenants(site: Site) -> None:
     """A department and a project, and a workload-manager sample of nlp holding 3 GPUs on gpu01."""
     assert site.api.post("/api/v1/departments", json={"name": "research", "gpu_quota": 8}).status_code == 201
-    r = site.api.post("/api/v1/projects", json={"name": "nlp", "department": "research", "deserved_gpus": 2,
-                                                "limit_gpus": 4})  # fmt: skip
+    r = site.api.post(
+        "/api/v1/projects",
+        json={"name": "nlp", "department": "research", "deserved_gpus": 2, "limit_gpus": 4},
+    )
     assert r.status_code == 201, r.text
-    site.sql("INSERT INTO wlm_cluster (name, kind, controller_id, state, created_at, updated_at, usage_at)"
-             " SELECT 'lab', 'slurm', id, 'deployed', :t, :t, :t FROM node WHERE name = 'gpu01'", t="2026-01-01")
-    site.sql("INSERT INTO wlm_member (cluster_id, node_id, role) SELECT c.id, n.id, 'compute' FROM wlm_cluster c, node n")
-    site.sql("INSERT INTO wlm_usage (cluster_id, node_id, account, gpus, jobs) SELECT c.id, n.id, 'nlp', 3, 1"
-             " FROM wlm_cluster c, node n WHERE n.name = 'gpu01'")  # fmt: skip
+    site.sql(
+        "INSERT INTO wlm_cluster (name, kind, controller_id, state, created_at, updated_at, usage_at)"
+        " SELECT 'lab', 'slurm', id, 'deployed', :t, :t, :t FROM node WHERE name = 'gpu01'",
+        t="2026-01-01",
+    )
+    site.sql(
+        "INSERT INTO wlm_member (cluster_id, node_id, role) SELECT c.id, n.id, 'compute' FROM wlm_cluster c, node n"
+    )
+    site.sql(
+        "INSERT INTO wlm_usage (cluster_id, node_id, account, gpus, jobs) SELECT c.id, n.id, 'nlp', 3, 1"
+        " FROM wlm_cluster c, node n WHERE n.name = 'gpu01'"
+    )
 
 
-def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(browser: Any, site: Site) -> None:
+def test_every_page_as_admin_has_a_strict_csp_and_loads_nothing_from_elsewhere(
+    browser: Any, site: Site
+) -> None:
     site.nodes("gpu[01-03]")
     seed_tenants(site)
     page = sign_in(browser, site, site.server.token())
@@ -166,8 +186,10 @@ def test_operator_drains_a_node_from_the_nodes_page_and_a_script_reason_is_text(
     assert page.locator("table.nodes tbody tr").count() == 1
     assert (page.locator('tr[data-node="gpu02"] td.state').text_content() or "").strip() == "drained"
     page.goto("/ui/nodes")
-    states = {n: (page.locator(f'tr[data-node="{n}"] td.state').text_content() or "").strip()
-              for n in ("gpu01", "gpu02", "gpu03", "gpu04")}  # fmt: skip
+    states = {
+        n: (page.locator(f'tr[data-node="{n}"] td.state').text_content() or "").strip()
+        for n in ("gpu01", "gpu02", "gpu03", "gpu04")
+    }
     assert states == {"gpu01": "ready", "gpu02": "drained", "gpu03": "ready", "gpu04": "ready"}
     shoot(page, "operator-nodes-drained")
     assert site.state("gpu02") == "drained"
@@ -323,8 +345,11 @@ def test_a_gpu_temperature_chart_after_agent_reports(browser: Any, site: Site) -
     temps = [41, 44, 47, 52, 49]
     with httpx.Client(base_url=site.url, timeout=30) as agent:
         for t in temps:
-            r = agent.post("/boot/v1/agent/report", content=json.dumps(report("gpu01", t)),
-                           headers={"Authorization": f"Bearer {node_token}", "Content-Type": "application/json"})  # fmt: skip
+            r = agent.post(
+                "/boot/v1/agent/report",
+                content=json.dumps(report("gpu01", t)),
+                headers={"Authorization": f"Bearer {node_token}", "Content-Type": "application/json"},
+            )
             assert r.status_code == 202, r.text
             time.sleep(0.05)  # distinct sample times
     page = sign_in(browser, site, site.token("ui-charts", "viewer"), start="/ui/nodes/gpu01")
@@ -334,7 +359,9 @@ def test_a_gpu_temperature_chart_after_agent_reports(browser: Any, site: Site) -
     assert len(points) == len(temps)  # one point per report kept
     ys = [float(p.split(",")[1]) for p in points]
     # higher is hotter: the SVG's y falls as the temperature rises, in the order reported
-    assert [a > b for a, b in zip(ys, ys[1:], strict=False)] == [a < b for a, b in zip(temps, temps[1:], strict=False)]
+    assert [a > b for a, b in zip(ys, ys[1:], strict=False)] == [
+        a < b for a, b in zip(temps, temps[1:], strict=False)
+    ]
     assert chart.locator("text", has_text="52").count() == 1  # the scale's top is the hottest reading
     for kind in ("power", "ecc", "xid"):
         assert page.locator(f"#gpu-0 .chart-{kind}").count() == 1
@@ -366,7 +393,11 @@ def test_a_discovered_machine_shows_its_facts_as_text_and_is_assigned_from_the_p
             staging = image_svc.staging_dir(settings.images_dir, "img", image.version, 1)
             staging.mkdir(parents=True)
             found = []
-            for kind, filename in (("kernel", "vmlinuz"), ("initramfs", "initramfs.img"), ("rootfs", "rootfs.squashfs")):
+            for kind, filename in (
+                ("kernel", "vmlinuz"),
+                ("initramfs", "initramfs.img"),
+                ("rootfs", "rootfs.squashfs"),
+            ):
                 data = f"{kind} of img".encode()
                 (staging / filename).write_bytes(data)
                 found.append(imagebuild.Artifact(kind, filename, len(data), hashlib.sha256(data).hexdigest()))
@@ -378,10 +409,13 @@ def test_a_discovered_machine_shows_its_facts_as_text_and_is_assigned_from_the_p
     with httpx.Client(base_url=site.url, timeout=30) as machine:  # the machine itself: no token
         assert machine.get(f"/boot/v1/ipxe/{mac.replace(':', '-')}").headers["x-bcm-purpose"] == "discovery"
         facts = {
-            "format_version": 1, "hostname": HOSTILE, "cpu": {"model": HOSTILE, "threads": 4},
-            "memory_bytes": 1 << 30, "dmi": {"product_name": HOSTILE},
+            "format_version": 1,
+            "hostname": HOSTILE,
+            "cpu": {"model": HOSTILE, "threads": 4},
+            "memory_bytes": 1 << 30,
+            "dmi": {"product_name": HOSTILE},
             "nics": [{"name": "ens3", "mac": mac, "state": "up", "physical": True}],
-        }  # fmt: skip
+        }
         r = machine.post("/boot/v1/discover", json={"mac": mac, "facts": facts})
         assert r.status_code in (200, 202), r.text
     page = sign_in(browser, site, site.token("ui-pxe", "operator"), start="/ui/pxe")
@@ -397,6 +431,8 @@ def test_a_discovered_machine_shows_its_facts_as_text_and_is_assigned_from_the_p
     page.wait_for_url(re.compile("/ui/nodes/gpu28$"))
     assert (page.locator("#node-state").text_content() or "").strip() == "registered"
     assert page.locator("#fact-hostname").text_content() == HOSTILE  # a hostname fact, as text
-    assert page.locator("img[src=x]").count() == 0 and page.evaluate("window.__pwned") is None and dialogs == []
+    assert (
+        page.locator("img[src=x]").count() == 0 and page.evaluate("window.__pwned") is None and dialogs == []
+    )
     assert [e["target"] for e in events(site, "node.assign")] == ["gpu28"]
     shoot(page, "pxe-assigned-node")

@@ -45,8 +45,12 @@ def test_operator_drains_a_lab_node_from_the_nodes_page_and_slurm_drains_it(
     assert op["state"] == "succeeded", f"{op['state']}: {op.get('error')}\n{op.get('log', '')[-3000:]}"
     node = run.compute[0]
     # the agent onto the node over SSH: it reports every second while the operator works
-    body = {"nodes": node, "server_url": f"http://{run.lab.head_ip}:{run.server.port}", "interval_s": 1.0,
-            "nvml_fixture": fixture_for(node)}  # fmt: skip
+    body = {
+        "nodes": node,
+        "server_url": f"http://{run.lab.head_ip}:{run.server.port}",
+        "interval_s": 1.0,
+        "nvml_fixture": fixture_for(node),
+    }
     started = run.http.post("/api/v1/agents/deploy", json=body)
     assert started.status_code == 202, started.text
     agent_op = run.wait(started.json()["operation_id"], timeout_s=180)

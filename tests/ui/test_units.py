@@ -37,13 +37,24 @@ def test_csrf_tokens_belong_to_one_session(tmp_path: Path) -> None:
 def test_charts_draw_the_readings_and_escape_every_label() -> None:
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     samples = [
-        HealthSamplePublic(time=t0 + timedelta(seconds=10 * i), verdict="OK", temperature_c=40 + i, power_draw_w=300.0,
-                           utilization_gpu_pct=0, memory_used_mib=0, ecc_sbe_volatile=i, ecc_dbe_volatile=0,
-                           xid=79 if i == 2 else None)  # fmt: skip
+        HealthSamplePublic(
+            time=t0 + timedelta(seconds=10 * i),
+            verdict="OK",
+            temperature_c=40 + i,
+            power_draw_w=300.0,
+            utilization_gpu_pct=0,
+            memory_used_mib=0,
+            ecc_sbe_volatile=i,
+            ecc_dbe_volatile=0,
+            xid=79 if i == 2 else None,
+        )
         for i in range(4)
     ][::-1]  # newest first, as the service gives them
     drawn = charts.gpu_charts(samples)
-    assert drawn["temperature"].count("<polyline") == 1 and len(drawn["temperature"].split('points="')[1].split('"')[0].split()) == 4
+    assert (
+        drawn["temperature"].count("<polyline") == 1
+        and len(drawn["temperature"].split('points="')[1].split('"')[0].split()) == 4
+    )
     assert drawn["ecc"].count("<polyline") == 2  # single- and double-bit
     assert ">79</text>" in drawn["xid"]
     hostile = charts.line_chart('<script>alert(1)</script>"', "<b>", [("x", [(t0, 1.0)])])

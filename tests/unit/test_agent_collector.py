@@ -90,7 +90,13 @@ def test_h100_values_arrive_in_report_units() -> None:
     [
         (
             "a100_sxm4_555.json",
-            {"retired_pages.single_bit", "retired_pages.double_bit", "retired_pages.pending", "nvlink", "recovery_action"},
+            {
+                "retired_pages.single_bit",
+                "retired_pages.double_bit",
+                "retired_pages.pending",
+                "nvlink",
+                "recovery_action",
+            },
             {"nvlinks": [], "recovery_action": None, "retired_pages": None, "pci_bus_id": "0000:68:00.0"},
         ),
         (
@@ -100,12 +106,19 @@ def test_h100_values_arrive_in_report_units() -> None:
         ),
         (
             "a100_sxm4_remap_pending.json",
-            {"serial", "vbios_version", "retired_pages.single_bit", "retired_pages.double_bit",
-             "retired_pages.pending", "nvlink", "recovery_action"},
+            {
+                "serial",
+                "vbios_version",
+                "retired_pages.single_bit",
+                "retired_pages.double_bit",
+                "retired_pages.pending",
+                "nvlink",
+                "recovery_action",
+            },
             {"serial": None, "vbios_version": None, "pci_bus_id": "0000:10:1c.0"},
         ),
     ],
-)  # fmt: skip
+)
 def test_not_supported_metrics_become_none_and_are_listed(
     name: str, unsupported: set[str], checks: dict[str, Any]
 ) -> None:
@@ -375,13 +388,21 @@ def test_kmsg_reader_follows_new_records_and_joins_split_lines(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("line", "xid", "bus", "action"),
-    [(ln, *exp) for ln, exp in zip(
-        (DATA / "dmesg_xid.txt").read_text().splitlines()[1:],
-        [(119, "0000:97:00.0", None), (154, "0000:97:00.0", "gpu_reset"), (154, "0000:01:00.0", "node_reboot"),
-         (63, "0000:10:1c.0", None), (79, "0000:44:00.0", None)],
-        strict=True,
-    )],
-)  # fmt: skip
+    [
+        (ln, *exp)
+        for ln, exp in zip(
+            (DATA / "dmesg_xid.txt").read_text().splitlines()[1:],
+            [
+                (119, "0000:97:00.0", None),
+                (154, "0000:97:00.0", "gpu_reset"),
+                (154, "0000:01:00.0", "node_reboot"),
+                (63, "0000:10:1c.0", None),
+                (79, "0000:44:00.0", None),
+            ],
+            strict=True,
+        )
+    ],
+)
 def test_parse_recorded_dmesg_lines(line: str, xid: int, bus: str, action: str | None) -> None:
     event = parse_xid_line(line, time_iso="2024-11-14T07:00:00.000Z")
     assert event is not None

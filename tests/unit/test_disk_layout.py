@@ -23,9 +23,15 @@ RAID = {
         {"model": "SAMSUNG", "partitions": [{"size": "rest", "fs": "raid"}]},
         {"model": "SAMSUNG", "partitions": [{"size": "rest", "fs": "raid"}]},
     ],
-    "raid": [{"name": "md0", "members": ["disks[1].partitions[0]", "disks[2].partitions[0]"], "fs": "xfs",
-              "mount": "/data"}],
-}  # fmt: skip
+    "raid": [
+        {
+            "name": "md0",
+            "members": ["disks[1].partitions[0]", "disks[2].partitions[0]"],
+            "fs": "xfs",
+            "mount": "/data",
+        }
+    ],
+}
 
 
 def test_disks_chosen_by_model_and_size_and_a_raid_plan_that_sh_parses(tmp_path: Path) -> None:
@@ -36,29 +42,53 @@ def test_disks_chosen_by_model_and_size_and_a_raid_plan_that_sh_parses(tmp_path:
     assert "--raid-devices=2 /dev/nvme0n1p2 /dev/nvme1n1p2" in plan and "T mkfs.xfs -q -f /dev/md0" in plan
     assert "/dev/md0 /data xfs defaults 0 0" in plan and "BCM_ROOT=/dev/sda2" in plan
     (tmp_path / "plan").write_text(plan + 'printf "%s|%s" "$BCM_MODE" "$BCM_GRUB_DISKS"\n')
-    done = subprocess.run(["sh", str(tmp_path / "plan")], capture_output=True, text=True, timeout=10, check=True)
+    done = subprocess.run(
+        ["sh", str(tmp_path / "plan")], capture_output=True, text=True, timeout=10, check=True
+    )
     assert done.stdout == "full|/dev/sda /dev/nvme0n1 /dev/nvme1n1"
-    by_size = dl.parse_layout({"disks": [{"min_size": "500G", "partitions": [{"size": "rest", "mount": "/"}]}]})
+    by_size = dl.parse_layout(
+        {"disks": [{"min_size": "500G", "partitions": [{"size": "rest", "mount": "/"}]}]}
+    )
     assert [c.device for c in dl.choose_disks(by_size, DISKS)] == ["/dev/nvme0n1"]
 
 
 @pytest.mark.parametrize(
     ("layout", "field"),
     [
-        ({"disks": [{"path": "/dev/sda", "partitions": [{"size": "rest", "mount": "/", "fs": "swap"}]}]},
-         "disk_layout.disks[0].partitions[0].mount"),
-        ({"disks": [{"path": "/dev/sda", "partitions": [{"size": "1G", "mount": "/"}, {"size": "1G", "mount": "/"}]}]},
-         "disk_layout.disks[0].partitions[1].mount"),
+        (
+            {"disks": [{"path": "/dev/sda", "partitions": [{"size": "rest", "mount": "/", "fs": "swap"}]}]},
+            "disk_layout.disks[0].partitions[0].mount",
+        ),
+        (
+            {
+                "disks": [
+                    {
+                        "path": "/dev/sda",
+                        "partitions": [{"size": "1G", "mount": "/"}, {"size": "1G", "mount": "/"}],
+                    }
+                ]
+            },
+            "disk_layout.disks[0].partitions[1].mount",
+        ),
         ({"disks": [{"partitions": [{"size": "1G", "mount": "/"}]}]}, "disk_layout.disks[0]"),
-        ({"disks": [{"path": "/dev/sda", "partitions": [{"size": "1G", "mount": "/"}]}], "raid": [
-            {"name": "md0", "members": ["disks[0].partitions[5]", "disks[0].partitions[0]"]}]},
-         "disk_layout.raid[0].members[0]"),
-        ({"disks": [{"path": "/dev/sda", "partitions": [{"size": "99999999G", "mount": "/"}]}]},
-         "disk_layout.disks[0].partitions[0].size"),
-        ({"disks": [{"path": "/dev/sda", "partitions": [{"size": "1G", "mount": "/"}]}], "extra": 1}, "disk_layout.extra"),
+        (
+            {
+                "disks": [{"path": "/dev/sda", "partitions": [{"size": "1G", "mount": "/"}]}],
+                "raid": [{"name": "md0", "members": ["disks[0].partitions[5]", "disks[0].partitions[0]"]}],
+            },
+            "disk_layout.raid[0].members[0]",
+        ),
+        (
+            {"disks": [{"path": "/dev/sda", "partitions": [{"size": "99999999G", "mount": "/"}]}]},
+            "disk_layout.disks[0].partitions[0].size",
+        ),
+        (
+            {"disks": [{"path": "/dev/sda", "partitions": [{"size": "1G", "mount": "/"}]}], "extra": 1},
+            "disk_layout.extra",
+        ),
         ({"disks": []}, "disk_layout.disks"),
     ],
-)  # fmt: skip
+)
 def test_bad_layouts_name_the_field(layout: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidInput) as exc:
         dl.parse_layout(layout)
@@ -66,8 +96,20 @@ def test_bad_layouts_name_the_field(layout: dict[str, object], field: str) -> No
 
 
 def test_a_partition_that_does_not_fit_is_named() -> None:
-    layout = dl.parse_layout({"disks": [{"path": "/dev/sda", "partitions": [
-        {"size": "200G", "mount": "/"}, {"size": "40G", "fs": "swap"}, {"size": "rest", "mount": "/tmp"}]}]})  # fmt: skip
+    layout = dl.parse_layout(
+        {
+            "disks": [
+                {
+                    "path": "/dev/sda",
+                    "partitions": [
+                        {"size": "200G", "mount": "/"},
+                        {"size": "40G", "fs": "swap"},
+                        {"size": "rest", "mount": "/tmp"},
+                    ],
+                }
+            ]
+        }
+    )
     with pytest.raises(InvalidInput) as exc:
         dl.choose_disks(layout, DISKS)
     assert exc.value.field == "disk_layout.disks[0].partitions[1].size" and "/dev/sda" in exc.value.message

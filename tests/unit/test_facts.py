@@ -427,13 +427,23 @@ def test_the_facts_model_refuses_control_characters_and_unbounded_values() -> No
 def test_parsers_drop_control_characters_and_out_of_range_numbers_so_a_nodes_facts_stay_valid() -> None:
     from bcm.domain.facts import HardwareFacts
 
-    out = "\n".join([
-        "@@@ bcm-facts 1",
-        "@@@ begin hostname", "gpu\x1b[31m01", "@@@ end hostname rc=0",
-        "@@@ begin dmi", "product_name=DGX\x00 H100", "@@@ end dmi rc=0",
-        "@@@ begin meminfo", "MemTotal: " + "9" * 30 + " kB", "@@@ end meminfo rc=0",
-        "@@@ begin nvidiasmi", "NVIDIA-SMI has failed\x1b]0;pwned\x07", "@@@ end nvidiasmi rc=9",
-    ])  # fmt: skip
+    out = "\n".join(
+        [
+            "@@@ bcm-facts 1",
+            "@@@ begin hostname",
+            "gpu\x1b[31m01",
+            "@@@ end hostname rc=0",
+            "@@@ begin dmi",
+            "product_name=DGX\x00 H100",
+            "@@@ end dmi rc=0",
+            "@@@ begin meminfo",
+            "MemTotal: " + "9" * 30 + " kB",
+            "@@@ end meminfo rc=0",
+            "@@@ begin nvidiasmi",
+            "NVIDIA-SMI has failed\x1b]0;pwned\x07",
+            "@@@ end nvidiasmi rc=9",
+        ]
+    )
     facts = parse_fact_output(out)
     assert facts.hostname == "gpu[31m01" and facts.dmi.product_name == "DGX H100"
     assert facts.memory_bytes is None

@@ -25,7 +25,9 @@ from bcm.drivers.fanout import Gate
         ("ok", True, False),
     ],
 )
-def test_only_connect_stage_failures_are_transient(status: str, command_started: bool, transient: bool) -> None:
+def test_only_connect_stage_failures_are_transient(
+    status: str, command_started: bool, transient: bool
+) -> None:
     assert is_transient(status, command_started) is transient
 
 
@@ -51,7 +53,9 @@ def test_jitter_spreads_hosts_that_failed_together() -> None:
 def test_retries_are_bounded_in_count() -> None:
     policy = RetryPolicy(attempts=3, backoff_s=0.1)
     rng = random.Random(1)
-    decided = [policy.next_delay(a, True, now=0.0, deadline=1e9, connect_s=1.0, rng=rng) for a in (1, 2, 3, 4)]
+    decided = [
+        policy.next_delay(a, True, now=0.0, deadline=1e9, connect_s=1.0, rng=rng) for a in (1, 2, 3, 4)
+    ]
     assert decided[0] is not None and decided[1] is not None
     assert decided[2] is None and decided[3] is None  # the third try was the last
 
@@ -162,7 +166,9 @@ def test_gate_admits_up_to_the_limit_and_follows_it() -> None:
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def test_cli_result_table_shows_attempts_when_a_node_needed_more_than_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_result_table_shows_attempts_when_a_node_needed_more_than_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import io
 
     import cli.render
@@ -170,12 +176,18 @@ def test_cli_result_table_shows_attempts_when_a_node_needed_more_than_one(monkey
 
     def shown(results: dict[str, dict[str, object]]) -> str:
         buffer = io.StringIO()
-        monkeypatch.setattr(cli.render, "out", cli.render.SafeConsole(file=buffer, width=200, color_system=None))
+        monkeypatch.setattr(
+            cli.render, "out", cli.render.SafeConsole(file=buffer, width=200, color_system=None)
+        )
         show_operation({"id": 7, "kind": "inventory", "state": "succeeded", "results": results}, False)
         return buffer.getvalue()
 
-    retried = shown({"n1": {"status": "ok", "message": "fine", "attempts": 1},
-                     "n2": {"status": "ok", "message": "fine", "attempts": 3}})  # fmt: skip
+    retried = shown(
+        {
+            "n1": {"status": "ok", "message": "fine", "attempts": 1},
+            "n2": {"status": "ok", "message": "fine", "attempts": 3},
+        }
+    )
     assert "ATTEMPTS" in retried
     cells = [[c.strip() for c in line.strip("│").split("│")] for line in retried.splitlines() if "│" in line]
     assert [c[:3] for c in cells] == [

@@ -116,7 +116,16 @@ def test_a_sample_with_only_its_index_is_judged_and_stored_as_readings_not_offer
     out = judge(ctx, model, resume_after=3, prune_every=10, now=datetime(2026, 12, 5, tzinfo=UTC))
     bare = out.gpu_rows[0]
     assert bare["uuid"] == "gpu01:gpu0" and bare["verdict"] == "OK"
-    readings = set(bare) - {"node_id", "index", "uuid", "verdict", "reasons", "xid_count", "sampled_at", "last_xid"}
+    readings = set(bare) - {
+        "node_id",
+        "index",
+        "uuid",
+        "verdict",
+        "reasons",
+        "xid_count",
+        "sampled_at",
+        "last_xid",
+    }
     assert readings and all(bare[k] is None for k in readings), bare
     assert out.gpu_rows[1]["ecc_sbe_volatile"] is None and out.gpu_rows[1]["temperature_c"] is not None
     stored = dict(zip(RECORD_FIELDS, out.record_row["gpus"][0], strict=True))  # the history's reading

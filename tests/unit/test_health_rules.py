@@ -151,9 +151,21 @@ GPU_RULE_CASES = [
     ("recovery_action", "node_reboot", "recovery_action", FAIL, Action.REBOOT_NODE),
     ("recovery_action", "drain_p2p", "recovery_action", WARN, Action.DRAIN_P2P),
     ("recovery_action", "drain_and_reset", "recovery_action", FAIL, Action.DRAIN_AND_RESET),
-    ("retired_pages", {"single_bit": 1, "double_bit": 0, "pending": True}, "retired_pages.pending", WARN, Action.RESET_GPU),
-    ("retired_pages", {"single_bit": 40, "double_bit": 20, "pending": False}, "retired_pages.limit", FAIL, Action.REPLACE_GPU),
-]  # fmt: skip
+    (
+        "retired_pages",
+        {"single_bit": 1, "double_bit": 0, "pending": True},
+        "retired_pages.pending",
+        WARN,
+        Action.RESET_GPU,
+    ),
+    (
+        "retired_pages",
+        {"single_bit": 40, "double_bit": 20, "pending": False},
+        "retired_pages.limit",
+        FAIL,
+        Action.REPLACE_GPU,
+    ),
+]
 
 
 @pytest.mark.parametrize(("path", "value", "code", "severity", "action"), GPU_RULE_CASES)
@@ -197,9 +209,16 @@ def test_shutdown_temperature_does_not_also_report_slowdown() -> None:
 def test_not_supported_fields_are_ignored() -> None:
     gpu = healthy_gpu()
     for key in (
-        "temperature_c", "temperature_slowdown_c", "temperature_shutdown_c", "remapped_rows", "retired_pages",
-        "clock_event_reasons", "recovery_action", "power_draw_w", "ecc_enabled",
-    ):  # fmt: skip
+        "temperature_c",
+        "temperature_slowdown_c",
+        "temperature_shutdown_c",
+        "remapped_rows",
+        "retired_pages",
+        "clock_event_reasons",
+        "recovery_action",
+        "power_draw_w",
+        "ecc_enabled",
+    ):
         gpu[key] = None
     gpu["ecc"] = dict.fromkeys(gpu["ecc"])
     gpu["pcie"] = dict.fromkeys(gpu["pcie"])
@@ -348,10 +367,15 @@ def test_partial_nvml_errors_are_logged_not_failed() -> None:
         ({"temperature_margin_c": 5}, "temperature_c", 84, "temperature.slowdown"),
         ({"pcie_replay_warn": 100}, "pcie.replay_counter", 101, "pcie.replays"),
         ({"nvlink_error_warn": 10}, "nvlinks.5.crc_flit", 11, "nvlink.errors"),
-        ({"retired_pages_max": 2}, "retired_pages", {"single_bit": 2, "double_bit": 0, "pending": False}, "retired_pages.limit"),
+        (
+            {"retired_pages_max": 2},
+            "retired_pages",
+            {"single_bit": 2, "double_bit": 0, "pending": False},
+            "retired_pages.limit",
+        ),
         ({"clock_events_warn": ["sw_power_cap"]}, "clock_events", ["sw_power_cap"], "clocks.slowdown"),
     ],
-)  # fmt: skip
+)
 def test_category_overrides_change_thresholds(
     overrides: dict[str, Any], path: str, value: Any, code: str
 ) -> None:

@@ -100,8 +100,11 @@ def test_file_mode_accepts_octal_spellings() -> None:
 
 BROKEN = [
     # (file text, field, words the one line must hold)
-    ("name: base\nvariant: huge\n", "variant",
-     ["'huge' is not one of minbase, apt, required, important, standard"]),
+    (
+        "name: base\nvariant: huge\n",
+        "variant",
+        ["'huge' is not one of minbase, apt, required, important, standard"],
+    ),
     ("name: base\nsuite: trixie\n", "suite", ["'trixie' is not one of bookworm"]),
     ("name: base\ncolour: blue\n", "colour", ["unknown field", "packages"]),
     ("description: no name\n", "name", ["required"]),
@@ -119,7 +122,7 @@ BROKEN = [
     ("- just\n- a list\n", "recipe", ["mapping"]),
     ("name: base\npackages: [a, b\n", "recipe", ["not valid YAML", "line"]),
     ("name: other\n", "name", ["'other'", "file name 'base'"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,15 @@ SOCKET_URL = "postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql"
 
 def bcm_lab_up(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BCM_")} | {"BCM_STATE_DIR": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "cli.main", "lab", "up", "--state-dir", str(tmp_path / "lab"), *args],
-                          capture_output=True, text=True, timeout=60, check=False, cwd=ROOT, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "lab", "up", "--state-dir", str(tmp_path / "lab"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,10 +53,21 @@ def test_heads_refused_with_one_line(tmp_path: Path, args: list[str], says: str)
 
 
 def test_database_urls_the_heads_can_share() -> None:
-    for url in (SOCKET_URL, "postgresql+psycopg://bcm@/bcm", "postgresql://bcm:pw@198.18.229.254:5432/bcm",
-                "postgresql+psycopg://bcm@/bcm?host=/run/pg&host=/run/pg2"):  # fmt: skip
+    for url in (
+        SOCKET_URL,
+        "postgresql+psycopg://bcm@/bcm",
+        "postgresql://bcm:pw@198.18.229.254:5432/bcm",
+        "postgresql+psycopg://bcm@/bcm?host=/run/pg&host=/run/pg2",
+    ):
         assert check_database_url(url) == url
-    for url in (None, "", "sqlite:///x.db", "mysql://a@b/c", "postgresql://bcm@localhost/bcm",
-                "postgresql+psycopg://bcm@/bcm?host=/run/pg&host=127.0.0.5:5432", "not a url"):  # fmt: skip
+    for url in (
+        None,
+        "",
+        "sqlite:///x.db",
+        "mysql://a@b/c",
+        "postgresql://bcm@localhost/bcm",
+        "postgresql+psycopg://bcm@/bcm?host=/run/pg&host=127.0.0.5:5432",
+        "not a url",
+    ):
         with pytest.raises(LabError):
             check_database_url(url)

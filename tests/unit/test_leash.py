@@ -63,12 +63,17 @@ def test_the_leash_stops_dnsmasq_when_its_server_is_gone_even_on_sqlite(tmp_path
         f"l = Leash(Settings(state_dir=Path({str(tmp_path)!r})), float('inf')); l.start(time.time()); "
         "print(l.proc.pid, flush=True)"
     )
-    server = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    server = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
     leash_pid = int(server.stdout.split()[0])
     try:
         assert dead_within(dnsmasq, 10), "dnsmasq outlived its server"
         for _ in range(100):  # bounded: 10 s
-            if not Path(f"/proc/{leash_pid}").exists() or " Z " in Path(f"/proc/{leash_pid}/stat").read_text():
+            if (
+                not Path(f"/proc/{leash_pid}").exists()
+                or " Z " in Path(f"/proc/{leash_pid}/stat").read_text()
+            ):
                 break
             time.sleep(0.1)
         else:
@@ -85,7 +90,9 @@ def test_the_leash_stops_dnsmasq_when_its_server_is_gone_even_on_sqlite(tmp_path
     [("sqlite:///{state}/bcm.db", False), ("postgresql+psycopg://bcm@/bcm?host=/nonexistent", True)],
     ids=["sqlite", "postgresql"],
 )
-def test_the_leader_leashes_dnsmasq_to_its_lease_only_on_postgresql(tmp_path: Path, url: str, finite: bool) -> None:
+def test_the_leader_leashes_dnsmasq_to_its_lease_only_on_postgresql(
+    tmp_path: Path, url: str, finite: bool
+) -> None:
     from types import SimpleNamespace
 
     from sqlalchemy import create_engine

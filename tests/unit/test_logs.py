@@ -72,7 +72,9 @@ def test_json_lines_carry_time_level_logger_message_and_exception() -> None:
     assert by_message["operation 1 inventory started"]["logger"] == "bcm.operations"
     failed = by_message["health ingest of 3 reports failed"]
     assert failed["level"] == "ERROR"
-    assert "Traceback" in failed["exception"] and "RuntimeError: the database went away" in failed["exception"]
+    assert (
+        "Traceback" in failed["exception"] and "RuntimeError: the database went away" in failed["exception"]
+    )
     assert "\x1b" not in log  # a terminal escape stays an escape inside the JSON string
     assert by_message["odd name gpu01\x1b[31m"]["logger"] == "bcm.api"
     assert "Opening SSH connection" not in log and "s3cret-marker" not in log

@@ -72,7 +72,9 @@ def test_node_overrides_category_overrides_default() -> None:
     assert effective_settings({}, None).sources == {k: "default" for k in eff.sources}
 
 
-@pytest.mark.parametrize("stepped", ["a[0-999999999/999999999]", "a[0-999999999/2]", "a[1,0-999999999/500000000]"])
+@pytest.mark.parametrize(
+    "stepped", ["a[0-999999999/999999999]", "a[0-999999999/2]", "a[1,0-999999999/500000000]"]
+)
 def test_a_stepped_range_spanning_a_billion_is_refused_naming_the_field(stepped: str) -> None:
     # the size (2 names) was fine, but ClusterShell asserted "range too large": a 500 on every hostlist route
     with pytest.raises(InvalidInput) as exc:

@@ -51,8 +51,15 @@ def test_sendfile_to_a_client_that_stops_reading_is_dropped(tmp_path: Path) -> N
         # the client reads nothing; every clock reading is a whole window later, so the first window is
         # judged at once: the few hundred KiB the buffers took are under 1 MiB/s
         with pytest.raises(SlowReader):
-            asyncio.run(sendfile(server.fileno(), str(big), 0, big.stat().st_size,
-                                 RateFloor(1 << 20, 1.0, SteppingClock(1.0))))  # fmt: skip
+            asyncio.run(
+                sendfile(
+                    server.fileno(),
+                    str(big),
+                    0,
+                    big.stat().st_size,
+                    RateFloor(1 << 20, 1.0, SteppingClock(1.0)),
+                )
+            )
     finally:
         server.close()
         client.close()

@@ -15,7 +15,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "squeue"
 
 
 def test_the_command_is_the_one_the_sample_was_recorded_with() -> None:
-    recorded = "squeue -h -r -t R -O 'JobID:0|,Account:0|,NodeList:0|,tres-alloc:0|,tres-per-node:0|,tres-per-job:0'"
+    recorded = (
+        "squeue -h -r -t R -O 'JobID:0|,Account:0|,NodeList:0|,tres-alloc:0|,tres-per-node:0|,tres-per-job:0'"
+    )
     assert shlex.join(slurm_usage.SQUEUE_ARGV) == recorded
     assert recorded in (DATA / "README.md").read_text()
 
@@ -69,7 +71,9 @@ def test_gpu_counts_in_tres_strings() -> None:
     assert slurm_usage.requested_gpus("N/A") is None
 
 
-def _pod(ns: str, node: str | None, gpus: str | None = None, phase: str = "Running", queue: bool = False) -> dict:  # type: ignore[type-arg]
+def _pod(
+    ns: str, node: str | None, gpus: str | None = None, phase: str = "Running", queue: bool = False
+) -> dict:  # type: ignore[type-arg]
     res = {"limits": {"nvidia.com/gpu": gpus}} if gpus is not None else {}
     labels = {k8t.QUEUE_LABEL: ns} if queue else {}
     return {

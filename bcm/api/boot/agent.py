@@ -106,8 +106,12 @@ async def report(request: Request) -> Response:
         from bcm.workers.health import apply_pending
 
         background = BackgroundTask(apply_pending, state.engine, state.settings, [result.node_id])
-    accepted = {"node": result.node, "verdict": result.verdict, "report_verdict": result.report_verdict,
-                "action": result.action}  # fmt: skip
+    accepted = {
+        "node": result.node,
+        "verdict": result.verdict,
+        "report_verdict": result.report_verdict,
+        "action": result.action,
+    }
     return JSONResponse(accepted, status_code=status.HTTP_202_ACCEPTED, background=background)
 
 

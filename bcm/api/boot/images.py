@@ -57,8 +57,11 @@ class Transfers:
             if self.active >= self.limit:
                 raise Unavailable(f"{self.limit} image downloads in flight; try again", retry_after=2)
             if self.by_client.get(client, 0) >= self.per_client:
-                raise Unavailable(f"{client} already has {self.per_client} image downloads in flight; try again "
-                                  "when one ends", retry_after=2)  # fmt: skip
+                raise Unavailable(
+                    f"{client} already has {self.per_client} image downloads in flight; try again "
+                    "when one ends",
+                    retry_after=2,
+                )
             self.active += 1
             self.by_client[client] = self.by_client.get(client, 0) + 1
 
@@ -84,9 +87,13 @@ class CountedFile(FileResponse):
     chunk_size = 4 * 1024 * 1024
 
     def __init__(
-        self, *args: object, transfers: Transfers, client: str = "unknown", min_rate: tuple[int, float] = (0, 30.0),
+        self,
+        *args: object,
+        transfers: Transfers,
+        client: str = "unknown",
+        min_rate: tuple[int, float] = (0, 30.0),
         **kwargs: object,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._transfers, self._client, self._min_rate = transfers, client, min_rate
         self._range_by_pathsend = False
@@ -105,7 +112,9 @@ class CountedFile(FileResponse):
             # next request on the same connection must not find its own finished download still counted
             await send(message)
             kind = message.get("type")
-            if kind == "http.response.pathsend" or (kind == "http.response.body" and not message.get("more_body")):
+            if kind == "http.response.pathsend" or (
+                kind == "http.response.body" and not message.get("more_body")
+            ):
                 give_back()
 
         try:
@@ -119,8 +128,14 @@ class CountedFile(FileResponse):
         finally:
             give_back()
 
-    async def _handle_single_range(self, send, start: int, end: int, file_size: int,  # type: ignore[no-untyped-def]
-                                   send_header_only: bool) -> None:  # fmt: skip
+    async def _handle_single_range(
+        self,
+        send,
+        start: int,
+        end: int,
+        file_size: int,  # type: ignore[no-untyped-def]
+        send_header_only: bool,
+    ) -> None:
         if send_header_only or not self._range_by_pathsend:
             await super()._handle_single_range(send, start, end, file_size, send_header_only)
             return
@@ -176,8 +191,9 @@ async def artifact(name: Name, version: Version, filename: Filename, request: Re
     client = request.client.host if request.client else "unknown"
     transfers.enter(client)
     try:
-        path, stat, sha256, kind = await anyio.to_thread.run_sync(_checked_file, request.app.state, name, version,
-                                                                  filename)  # fmt: skip
+        path, stat, sha256, kind = await anyio.to_thread.run_sync(
+            _checked_file, request.app.state, name, version, filename
+        )
     except BaseException:
         transfers.leave(client)
         raise
@@ -195,7 +211,9 @@ async def artifact(name: Name, version: Version, filename: Filename, request: Re
     )
 
 
-def _checked_file(state: Any, name: str, version: str, filename: str) -> tuple[pathlib.Path, os.stat_result, str, str]:
+def _checked_file(
+    state: Any, name: str, version: str, filename: str
+) -> tuple[pathlib.Path, os.stat_result, str, str]:
     """The artifact's file, its ``stat``, sha256 and kind; a file missing or not its published size is never sent."""
     images_dir = state.settings.images_dir
     with session_scope(state.engine) as session:
@@ -208,8 +226,9 @@ def _checked_file(state: Any, name: str, version: str, filename: str) -> tuple[p
         if stat is not None and stat.st_size == art.size:
             return path, stat, art.sha256, art.kind
         problem = "file missing" if stat is None else f"size {stat.st_size} != {art.size} recorded at publish"
-        events.record(session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}", problem,
-                      severity="error")  # fmt: skip
+        events.record(
+            session, "bcm:boot", "image.artifact", f"{name}:{version}/{filename}", problem, severity="error"
+        )
     if stat is None:
         raise NotFound(f"image {name} version {version}: {filename} is missing on the server")
     raise ArtifactCorrupt(f"image {name} version {version}: {filename} does not match its published size")

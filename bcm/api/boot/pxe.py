@@ -64,7 +64,9 @@ def _peer(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-SCRIPT: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {}}, "description": "an iPXE script"}}
+SCRIPT: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {}}, "description": "an iPXE script"}
+}
 
 
 @router.get("/ca.pem", response_class=Response, responses={200: {"content": {"application/x-pem-file": {}}}})
@@ -90,17 +92,26 @@ async def ipxe_script(mac: MacPath, request: Request) -> PlainTextResponse:
 
     dhcp = getattr(request.app.state, "dhcp", None)
     # with bcm's own DHCP, a script that carries a boot token goes only to the address leased to that MAC
-    leased = dnsmasq.leased_address(dhcp.paths.leases, address) if dhcp and settings.pxe.mode == "dhcp" else None
+    leased = (
+        dnsmasq.leased_address(dhcp.paths.leases, address) if dhcp and settings.pxe.mode == "dhcp" else None
+    )
     peer = _peer(request)
 
     def work() -> svc.BootScript:
         with session_scope(engine) as session:
-            return svc.boot_script(session, settings, address, peer=peer, leased=leased, check_lease=dhcp is not None
-                                   and settings.pxe.mode == "dhcp")  # fmt: skip
+            return svc.boot_script(
+                session,
+                settings,
+                address,
+                peer=peer,
+                leased=leased,
+                check_lease=dhcp is not None and settings.pxe.mode == "dhcp",
+            )
 
     script = await anyio.to_thread.run_sync(work)
-    return PlainTextResponse(script.text, media_type=IPXE, headers={"X-Bcm-Purpose": script.purpose,
-                                                                      "Cache-Control": "no-store"})  # fmt: skip
+    return PlainTextResponse(
+        script.text, media_type=IPXE, headers={"X-Bcm-Purpose": script.purpose, "Cache-Control": "no-store"}
+    )
 
 
 @router.post("/discover", response_model=DiscoveryAccepted, status_code=status.HTTP_202_ACCEPTED)
@@ -112,8 +123,9 @@ async def discover(request: Request) -> DiscoveryAccepted:
     except ValidationError as exc:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid report"}
         field = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise InvalidInput(f"{field}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}",
-                           field=field) from None  # fmt: skip
+        raise InvalidInput(
+            f"{field}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}", field=field
+        ) from None
     engine, settings = request.app.state.engine, request.app.state.settings
 
     def work() -> DiscoveryAccepted:
@@ -189,7 +201,9 @@ async def hello(body: HelloRequest, request: Request) -> HelloAnswer:
     return answer
 
 
-@router.get("/install/{mac}", response_class=Response, responses=SCRIPT, dependencies=[Depends(bearer_present)])
+@router.get(
+    "/install/{mac}", response_class=Response, responses=SCRIPT, dependencies=[Depends(bearer_present)]
+)
 async def install_plan(mac: MacPath, request: Request) -> PlainTextResponse:
     """The install plan (a shell script the image's init sources), for the holder of the boot's token only."""
     address = normalize_mac(mac)
@@ -202,7 +216,9 @@ async def install_plan(mac: MacPath, request: Request) -> PlainTextResponse:
             return install_svc.plan_script(session, settings, node, address)
 
     text = await _braked(request, peer, work)
-    return PlainTextResponse(text, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"})
+    return PlainTextResponse(
+        text, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"}
+    )
 
 
 @router.post("/installed", dependencies=[Depends(bearer_present)])
@@ -252,8 +268,9 @@ async def _braked(request: Request, peer: str | None, work: Callable[[], T]) -> 
     try:
         return await anyio.to_thread.run_sync(work)
     except (Unauthorized, Forbidden) as exc:
-        raise request.app.state.auth_failures.refusal(peer or "unknown", request.url.path, "boot token refused",
-                                                      exc) from None  # fmt: skip
+        raise request.app.state.auth_failures.refusal(
+            peer or "unknown", request.url.path, "boot token refused", exc
+        ) from None
 
 
 async def _sync_dnsmasq(request: Request) -> None:

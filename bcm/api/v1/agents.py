@@ -54,7 +54,9 @@ async def deploy_agents(body: AgentDeployRequest, request: Request, token: Admin
             field="server_url",
         )
     if settings.tls.enabled and not url.startswith("https://"):
-        raise InvalidInput("server_url: the API speaks TLS here; agents report to an https:// URL", field="server_url")
+        raise InvalidInput(
+            "server_url: the API speaks TLS here; agents report to an https:// URL", field="server_url"
+        )
     spec = svc.DeploySpec(url, body.interval_s or settings.health.interval_s, body.nvml_fixture)
     svc.check_spec(spec)
     names = expand_hostlist(body.nodes, "nodes")
@@ -62,6 +64,10 @@ async def deploy_agents(body: AgentDeployRequest, request: Request, token: Admin
 
     # an agent_deploy operation (bcm.workers.verbs): row, lease and node locks in one transaction
     runner: Runner = request.app.state.runner
-    job_spec = {"server_url": spec.server_url, "interval_s": spec.interval_s, "nvml_fixture": spec.nvml_fixture}
+    job_spec = {
+        "server_url": spec.server_url,
+        "interval_s": spec.interval_s,
+        "nvml_fixture": spec.nvml_fixture,
+    }
     op_id = await runner.submit("agent_deploy", names, who, None, spec=job_spec, extra=names)
     return AgentDeployStarted(operation_id=op_id, nodes=names)

@@ -40,7 +40,9 @@ def update_category(name: Name, spec: CategoryUpdate, session: SessionDep, token
 
 
 @router.put("/{name}/install", response_model=CategoryPublic)
-def set_install(name: Name, body: CategoryInstallUpdate, session: SessionDep, token: Operator) -> CategoryPublic:
+def set_install(
+    name: Name, body: CategoryInstallUpdate, session: SessionDep, token: Operator
+) -> CategoryPublic:
     """The members' install mode and disk layout (#30), checked against every member's inventoried disks
     (a 422 naming what does not fit); a data node that would be wiped needs an admin's confirm_wipe (409)."""
     from bcm.services import install

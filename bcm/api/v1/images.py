@@ -48,7 +48,9 @@ def list_recipes(request: Request, _t: Viewer) -> list[dict[str, Any]]:
 @router.post("/build", response_model=ImageBuildStarted, status_code=status.HTTP_202_ACCEPTED)
 async def build(body: ImageBuildRequest, request: Request, token: Operator) -> ImageBuildStarted:
     """Build a recipe into a new version (an operation); published and made current when verified."""
-    name, version, op_id = await worker.start(request.app.state.runner, body.recipe, body.version, actor(token))
+    name, version, op_id = await worker.start(
+        request.app.state.runner, body.recipe, body.version, actor(token)
+    )
     return ImageBuildStarted(name=name, version=version, operation_id=op_id)
 
 

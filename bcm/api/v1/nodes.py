@@ -78,7 +78,9 @@ async def node_verb(verb: Verb, body: VerbRequest, request: Request, token: Oper
         if verb not in ("provision", "reimage"):
             raise InvalidInput("rekey: only provision and reimage make new host keys", field="rekey")
         auth.require_role(token, Role.ADMIN)
-    return await verbs.node_verb(runner, verb, expand_hostlist(body.nodes), actor(token), body.reason, rekey=body.rekey)
+    return await verbs.node_verb(
+        runner, verb, expand_hostlist(body.nodes), actor(token), body.reason, rekey=body.rekey
+    )
 
 
 class TrustRequest(SQLModel):

@@ -40,11 +40,14 @@ class CategoryPasswordRequest(SQLModel):
         try:
             net = ipaddress.ip_network(v.strip(), strict=False)
         except ValueError:
-            raise InvalidInput(f"discover_range: {v[:64]!r} is not a network (like 198.18.0.192/26)",
-                               field="discover_range") from None  # fmt: skip
+            raise InvalidInput(
+                f"discover_range: {v[:64]!r} is not a network (like 198.18.0.192/26)", field="discover_range"
+            ) from None
         if net.num_addresses > 65536:
-            raise InvalidInput(f"discover_range: {net} holds more than 65536 addresses; name the BMC network",
-                               field="discover_range")  # fmt: skip
+            raise InvalidInput(
+                f"discover_range: {net} holds more than 65536 addresses; name the BMC network",
+                field="discover_range",
+            )
         return str(net)
 
 
@@ -68,8 +71,11 @@ async def power_action(action: Verb, body: VerbRequest, request: Request, token:
         ) from None
     names = expand_hostlist(body.nodes, "nodes")
     op_id = await worker.start(request.app.state.runner, what, names, actor(token), body.reason)
-    return VerbResult(verb=f"power-{what.value}", nodes=[{"name": n, "status": "started"} for n in names],
-                      operation_id=op_id)  # fmt: skip
+    return VerbResult(
+        verb=f"power-{what.value}",
+        nodes=[{"name": n, "status": "started"} for n in names],
+        operation_id=op_id,
+    )
 
 
 @router.put("/nodes/bmc-password")
@@ -94,14 +100,20 @@ def set_category_password(
 ) -> dict[str, Any]:
     """Store the BMC password a category's nodes inherit, encrypted; it is never returned."""
     svc.set_category_password(
-        session, request.app.state.settings.state_dir, name, body.password, actor(token),
+        session,
+        request.app.state.settings.state_dir,
+        name,
+        body.password,
+        actor(token),
         discover_range=body.discover_range,
-    )  # fmt: skip
+    )
     return {"updated": 1}
 
 
 @router.put("/categories/{name}/bmc-allow-http")
-def set_category_http(body: AllowHttpRequest, session: SessionDep, token: Admin, name: Name) -> dict[str, Any]:
+def set_category_http(
+    body: AllowHttpRequest, session: SessionDep, token: Admin, name: Name
+) -> dict[str, Any]:
     """Allow (or forbid) the category's nodes to reach Redfish BMCs over plain http (passwords in clear)."""
     svc.set_category_http(session, name, body.allow, actor(token))
     return {"updated": 1, "bmc_allow_http": body.allow}

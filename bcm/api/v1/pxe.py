@@ -20,11 +20,19 @@ def _status(request: Request, source: str) -> PxeStatus:
     p = settings.pxe
     dhcp = getattr(request.app.state, "dhcp", None)
     return PxeStatus(
-        enabled=p.enabled, source=source, interface=p.interface, address=p.address, mode=p.mode,
-        range_start=p.range_start, range_end=p.range_end, netmask=p.netmask, router=p.router,
-        server_url=svc.server_url(settings), dnsmasq_pid=dhcp.pid if dhcp else None,
+        enabled=p.enabled,
+        source=source,
+        interface=p.interface,
+        address=p.address,
+        mode=p.mode,
+        range_start=p.range_start,
+        range_end=p.range_end,
+        netmask=p.netmask,
+        router=p.router,
+        server_url=svc.server_url(settings),
+        dnsmasq_pid=dhcp.pid if dhcp else None,
         dnsmasq_restarts=dhcp.restarts if dhcp else 0,
-    )  # fmt: skip
+    )
 
 
 def _source(request: Request) -> str:

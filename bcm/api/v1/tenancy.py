@@ -111,7 +111,10 @@ def add_admin(
 
 @departments.delete("/{name}/admins/{user}", response_model=DepartmentPublic)
 def remove_admin(
-    name: Name, user: Name, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.MANAGE_ADMINS))]
+    name: Name,
+    user: Name,
+    session: SessionDep,
+    token: Annotated[ApiToken, Depends(can(Action.MANAGE_ADMINS))],
 ) -> DepartmentPublic:
     row = svc.get_department(session, name)
     svc.authorize(session, token, Action.MANAGE_ADMINS, row)
@@ -199,7 +202,10 @@ def add_member(
 
 @projects.delete("/{name}/members/{user}", response_model=ProjectPublic)
 def remove_member(
-    name: Name, user: Name, session: SessionDep, token: Annotated[ApiToken, Depends(can(Action.MANAGE_MEMBERS))]
+    name: Name,
+    user: Name,
+    session: SessionDep,
+    token: Annotated[ApiToken, Depends(can(Action.MANAGE_MEMBERS))],
 ) -> ProjectPublic:
     row = _project(session, token, name, Action.MANAGE_MEMBERS)
     svc.remove_member(session, row, user)

@@ -27,8 +27,14 @@ from bcm.drivers.power.base import (
     bounded,
 )
 
-AUTH_MARKERS = ("RAKP 2 HMAC is invalid", "unauthorized name", "RAKP 2 message indicates an error",
-                "Invalid user name", "Activate Session error", "password is invalid")  # fmt: skip
+AUTH_MARKERS = (
+    "RAKP 2 HMAC is invalid",
+    "unauthorized name",
+    "RAKP 2 message indicates an error",
+    "Invalid user name",
+    "Activate Session error",
+    "password is invalid",
+)
 GARBAGE_MARKERS = ("IPMI Request Match NOT FOUND", "Invalid RMCP", "Unsupported RMCP")
 NO_SESSION_MARKERS = (
     "Unable to establish",
@@ -88,17 +94,25 @@ class IpmiDriver:
         per_try = max(1, int(self.limits.timeout_s / 2))
         return [
             shutil.which("ipmitool") or "ipmitool",
-            "-I", "lanplus",
-            "-C", str(self.limits.cipher_suite),
-            "-H", addr.host,
-            "-p", str(addr.port or 623),
-            "-U", self.target.user,
-            "-f", "/dev/stdin",  # the password, from our pipe
-            "-N", str(per_try),
-            "-R", "1",
+            "-I",
+            "lanplus",
+            "-C",
+            str(self.limits.cipher_suite),
+            "-H",
+            addr.host,
+            "-p",
+            str(addr.port or 623),
+            "-U",
+            self.target.user,
+            "-f",
+            "/dev/stdin",  # the password, from our pipe
+            "-N",
+            str(per_try),
+            "-R",
+            "1",
             "-v",  # makes ipmitool say why a session failed (auth vs. no answer)
             *command,
-        ]  # fmt: skip
+        ]
 
     async def _call(self, what: str, command: list[str]) -> str:
         return await bounded(self.target, self.limits, what, lambda: self._run(what, command))

@@ -94,7 +94,9 @@ class DeployPlan:
     extravars: dict[str, Any]
     config: Any = None  # the workload manager's own cluster model (bcm.domain.slurm.SlurmCluster)
     fingerprint: str | None = None
-    secrets_dir: Path | None = None  # the cluster's 0700 directory, for drivers that talk to an API after Ansible
+    secrets_dir: Path | None = (
+        None  # the cluster's 0700 directory, for drivers that talk to an API after Ansible
+    )
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,13 @@ class WorkloadManager(Protocol):
         ...
 
     async def verify(
-        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True
+        self,
+        ssh: SshClient,
+        controller: Target,
+        names: list[str],
+        *,
+        timeout_s: float = 120,
+        gpus: bool = True,
     ) -> VerifyResult:
         """The all-or-nothing verification job across ``names`` (one GPU each unless ``gpus`` is False:
         a cluster whose nodes have none, as inventoried)."""

@@ -97,8 +97,10 @@ def ensure_cert(
         old = x509.load_pem_x509_certificate(crt.read_bytes())
         try:
             san = old.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-            have = (sorted(san.get_values_for_type(x509.DNSName)),
-                    sorted(str(i) for i in san.get_values_for_type(x509.IPAddress)))  # fmt: skip
+            have = (
+                sorted(san.get_values_for_type(x509.DNSName)),
+                sorted(str(i) for i in san.get_values_for_type(x509.IPAddress)),
+            )
         except x509.ExtensionNotFound:
             have = ([], [])
         if have == (want_dns, want_ips) and old.not_valid_after_utc > _now() + dt.timedelta(days=30):

@@ -59,10 +59,19 @@ def objects(accounts: Sequence[AccountSpec], flavors: Sequence[str]) -> list[Obj
     out: list[Obj] = []
     for a in accounts:
         if a.parent is None:
-            out.append(Obj("Cohort", None, a.name, {
-                "apiVersion": KUEUE, "kind": "Cohort", "metadata": _meta(a.name),
-                "spec": {"fairSharing": {"weight": str(a.fairshare)}},
-            }))  # fmt: skip
+            out.append(
+                Obj(
+                    "Cohort",
+                    None,
+                    a.name,
+                    {
+                        "apiVersion": KUEUE,
+                        "kind": "Cohort",
+                        "metadata": _meta(a.name),
+                        "spec": {"fairSharing": {"weight": str(a.fairshare)}},
+                    },
+                )
+            )
     for a in accounts:
         if a.parent is None:
             continue
@@ -71,34 +80,90 @@ def objects(accounts: Sequence[AccountSpec], flavors: Sequence[str]) -> list[Obj
         groups = []
         for i, flavor in enumerate(flavors):
             nominal = deserved if i == 0 else 0
-            groups.append({"name": flavor, "resources": [{
-                "name": k8s.GPU_RESOURCE, "nominalQuota": str(nominal), "borrowingLimit": str(max(0, limit - nominal))}]})  # fmt: skip
+            groups.append(
+                {
+                    "name": flavor,
+                    "resources": [
+                        {
+                            "name": k8s.GPU_RESOURCE,
+                            "nominalQuota": str(nominal),
+                            "borrowingLimit": str(max(0, limit - nominal)),
+                        }
+                    ],
+                }
+            )
         ns = a.name
-        out.append(Obj("Namespace", None, ns, {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)}))
-        out.append(Obj("ResourceQuota", ns, QUOTA, {
-            "apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta(QUOTA, ns),
-            "spec": {"hard": {f"requests.{k8s.GPU_RESOURCE}": str(limit)}},
-        }))  # fmt: skip
-        out.append(Obj("ClusterQueue", None, a.name, {
-            "apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": _meta(a.name),
-            "spec": {
-                "cohortName": a.parent,
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "queueingStrategy": "BestEffortFIFO",
-                "resourceGroups": [{"coveredResources": [k8s.GPU_RESOURCE], "flavors": groups}] if groups else [],
-                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
-                "fairSharing": {"weight": str(a.fairshare)},
-            },
-        }))  # fmt: skip
-        out.append(Obj("LocalQueue", ns, a.name, {
-            "apiVersion": KUEUE, "kind": "LocalQueue", "metadata": _meta(a.name, ns),
-            "spec": {"clusterQueue": a.name},
-        }))  # fmt: skip
-        out.append(Obj("RoleBinding", ns, BINDING, {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(BINDING, ns),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": MEMBER_ROLE},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u} for u in a.users],
-        }))  # fmt: skip
+        out.append(
+            Obj("Namespace", None, ns, {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)})
+        )
+        out.append(
+            Obj(
+                "ResourceQuota",
+                ns,
+                QUOTA,
+                {
+                    "apiVersion": "v1",
+                    "kind": "ResourceQuota",
+                    "metadata": _meta(QUOTA, ns),
+                    "spec": {"hard": {f"requests.{k8s.GPU_RESOURCE}": str(limit)}},
+                },
+            )
+        )
+        out.append(
+            Obj(
+                "ClusterQueue",
+                None,
+                a.name,
+                {
+                    "apiVersion": KUEUE,
+                    "kind": "ClusterQueue",
+                    "metadata": _meta(a.name),
+                    "spec": {
+                        "cohortName": a.parent,
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                        "queueingStrategy": "BestEffortFIFO",
+                        "resourceGroups": [{"coveredResources": [k8s.GPU_RESOURCE], "flavors": groups}]
+                        if groups
+                        else [],
+                        "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
+                        "fairSharing": {"weight": str(a.fairshare)},
+                    },
+                },
+            )
+        )
+        out.append(
+            Obj(
+                "LocalQueue",
+                ns,
+                a.name,
+                {
+                    "apiVersion": KUEUE,
+                    "kind": "LocalQueue",
+                    "metadata": _meta(a.name, ns),
+                    "spec": {"clusterQueue": a.name},
+                },
+            )
+        )
+        out.append(
+            Obj(
+                "RoleBinding",
+                ns,
+                BINDING,
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": _meta(BINDING, ns),
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": MEMBER_ROLE,
+                    },
+                    "subjects": [
+                        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u} for u in a.users
+                    ],
+                },
+            )
+        )
     return out
 
 
@@ -109,8 +174,10 @@ def describe(obj: Obj) -> str:
         res = [r for g in spec.get("resourceGroups", []) for f in g["flavors"] for r in f["resources"]]
         nominal = sum(int(r["nominalQuota"]) for r in res)
         borrow = max((int(r["borrowingLimit"]) for r in res), default=0)
-        return (f"cohort {spec.get('cohortName')}, nominalQuota {nominal}, borrowingLimit {borrow},"
-                f" weight {spec['fairSharing']['weight']}")  # fmt: skip
+        return (
+            f"cohort {spec.get('cohortName')}, nominalQuota {nominal}, borrowingLimit {borrow},"
+            f" weight {spec['fairSharing']['weight']}"
+        )
     if obj.kind == "ResourceQuota":
         return ", ".join(f"{k}={v}" for k, v in spec["hard"].items())
     if obj.kind == "RoleBinding":

@@ -67,18 +67,42 @@ CLUSTER_QUEUE = "bcm-gpus"
 LOCAL_QUEUE = "bcm"
 QUEUE_LABEL = k8t.QUEUE_LABEL
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
-LAB_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "kueue")
+LAB_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kueue",
+)
 KUEUE_WEBHOOKS = (  # the admission webhooks of the integrations bcm enables (batch/job) and Kueue's own objects
-    "mjob.kb.io", "vjob.kb.io", "mworkload.kb.io", "vworkload.kb.io", "mclusterqueue.kb.io",
-    "vclusterqueue.kb.io", "mresourceflavor.kb.io", "vresourceflavor.kb.io", "vcohort.kb.io",
-)  # fmt: skip
+    "mjob.kb.io",
+    "vjob.kb.io",
+    "mworkload.kb.io",
+    "vworkload.kb.io",
+    "mclusterqueue.kb.io",
+    "vclusterqueue.kb.io",
+    "mresourceflavor.kb.io",
+    "vresourceflavor.kb.io",
+    "vcohort.kb.io",
+)
 KWOK_STAGES = (  # kwok's "general" pod stages: a second or a few each, and a pod annotated
     # pod-complete.stage.kwok.x-k8s.io/delay=10m runs that long (a lab job that holds its GPUs)
     "kustomize/stage/node/fast/node-initialize.yaml",
     "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-    *(f"kustomize/stage/pod/general/pod-{s}.yaml"
-      for s in ("create", "init-container-running", "init-container-completed", "ready", "complete", "delete")),
-)  # fmt: skip
+    *(
+        f"kustomize/stage/pod/general/pod-{s}.yaml"
+        for s in (
+            "create",
+            "init-container-running",
+            "init-container-completed",
+            "ready",
+            "complete",
+            "delete",
+        )
+    ),
+)
 _T = TypeVar("_T")
 
 
@@ -207,29 +231,72 @@ class Api:
         what = f"{plural}/{name}"
         have: Any
         if namespace:
-            have = self.call(f"read {what}", self.custom.get_namespaced_custom_object, KUEUE_GROUP,
-                             KUEUE_VERSION, namespace, plural, name, missing_ok=True)  # fmt: skip
+            have = self.call(
+                f"read {what}",
+                self.custom.get_namespaced_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                plural,
+                name,
+                missing_ok=True,
+            )
         else:
-            have = self.call(f"read {what}", self.custom.get_cluster_custom_object, KUEUE_GROUP,
-                             KUEUE_VERSION, plural, name, missing_ok=True)  # fmt: skip
+            have = self.call(
+                f"read {what}",
+                self.custom.get_cluster_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                plural,
+                name,
+                missing_ok=True,
+            )
         if have is None:
             if namespace:
-                self.call(f"create {what}", self.custom.create_namespaced_custom_object, KUEUE_GROUP,
-                          KUEUE_VERSION, namespace, plural, body)  # fmt: skip
+                self.call(
+                    f"create {what}",
+                    self.custom.create_namespaced_custom_object,
+                    KUEUE_GROUP,
+                    KUEUE_VERSION,
+                    namespace,
+                    plural,
+                    body,
+                )
             else:
-                self.call(f"create {what}", self.custom.create_cluster_custom_object, KUEUE_GROUP,
-                          KUEUE_VERSION, plural, body)  # fmt: skip
+                self.call(
+                    f"create {what}",
+                    self.custom.create_cluster_custom_object,
+                    KUEUE_GROUP,
+                    KUEUE_VERSION,
+                    plural,
+                    body,
+                )
             self.changes.append(f"{what} created")
             return
         if holds(body["spec"], have.get("spec") or {}):
             return
         patch = {"spec": body["spec"]}
         if namespace:
-            self.call(f"patch {what}", self.custom.patch_namespaced_custom_object, KUEUE_GROUP,
-                      KUEUE_VERSION, namespace, plural, name, patch)  # fmt: skip
+            self.call(
+                f"patch {what}",
+                self.custom.patch_namespaced_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
+            )
         else:
-            self.call(f"patch {what}", self.custom.patch_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
-                      plural, name, patch)  # fmt: skip
+            self.call(
+                f"patch {what}",
+                self.custom.patch_cluster_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                plural,
+                name,
+                patch,
+            )
         self.changes.append(f"{what} updated")
 
     def ensure_runtime_class(self, name: str, handler: str) -> None:
@@ -249,32 +316,50 @@ class Api:
 
         rbac = client.RbacAuthorizationV1Api(self.api)
         c = self.custom
-        custom = {"Cohort": ("cohorts", False), "ClusterQueue": ("clusterqueues", False),
-                  "LocalQueue": ("localqueues", True)}  # fmt: skip
+        custom = {
+            "Cohort": ("cohorts", False),
+            "ClusterQueue": ("clusterqueues", False),
+            "LocalQueue": ("localqueues", True),
+        }
         if kind in custom:
             plural, namespaced = custom[kind]
             g, v = KUEUE_GROUP, KUEUE_VERSION
             if namespaced:
-                return (lambda n, ns, **kw: c.get_namespaced_custom_object(g, v, ns, plural, n, **kw),
-                        lambda ns, b, **kw: c.create_namespaced_custom_object(g, v, ns, plural, b, **kw),
-                        lambda n, ns, b, **kw: c.replace_namespaced_custom_object(g, v, ns, plural, n, b, **kw),
-                        lambda n, ns, **kw: c.delete_namespaced_custom_object(g, v, ns, plural, n, **kw))  # fmt: skip
-            return (lambda n, ns, **kw: c.get_cluster_custom_object(g, v, plural, n, **kw),
-                    lambda ns, b, **kw: c.create_cluster_custom_object(g, v, plural, b, **kw),
-                    lambda n, ns, b, **kw: c.replace_cluster_custom_object(g, v, plural, n, b, **kw),
-                    lambda n, ns, **kw: c.delete_cluster_custom_object(g, v, plural, n, **kw))  # fmt: skip
+                return (
+                    lambda n, ns, **kw: c.get_namespaced_custom_object(g, v, ns, plural, n, **kw),
+                    lambda ns, b, **kw: c.create_namespaced_custom_object(g, v, ns, plural, b, **kw),
+                    lambda n, ns, b, **kw: c.replace_namespaced_custom_object(g, v, ns, plural, n, b, **kw),
+                    lambda n, ns, **kw: c.delete_namespaced_custom_object(g, v, ns, plural, n, **kw),
+                )
+            return (
+                lambda n, ns, **kw: c.get_cluster_custom_object(g, v, plural, n, **kw),
+                lambda ns, b, **kw: c.create_cluster_custom_object(g, v, plural, b, **kw),
+                lambda n, ns, b, **kw: c.replace_cluster_custom_object(g, v, plural, n, b, **kw),
+                lambda n, ns, **kw: c.delete_cluster_custom_object(g, v, plural, n, **kw),
+            )
         if kind == "Namespace":
             k = self.core
-            return (lambda n, ns, **kw: k.read_namespace(n, **kw), lambda ns, b, **kw: k.create_namespace(b, **kw),
-                    lambda n, ns, b, **kw: k.replace_namespace(n, b, **kw),
-                    lambda n, ns, **kw: k.delete_namespace(n, **kw))  # fmt: skip
+            return (
+                lambda n, ns, **kw: k.read_namespace(n, **kw),
+                lambda ns, b, **kw: k.create_namespace(b, **kw),
+                lambda n, ns, b, **kw: k.replace_namespace(n, b, **kw),
+                lambda n, ns, **kw: k.delete_namespace(n, **kw),
+            )
         if kind == "ResourceQuota":
             k = self.core
-            return (k.read_namespaced_resource_quota, k.create_namespaced_resource_quota,
-                    k.replace_namespaced_resource_quota, k.delete_namespaced_resource_quota)  # fmt: skip
+            return (
+                k.read_namespaced_resource_quota,
+                k.create_namespaced_resource_quota,
+                k.replace_namespaced_resource_quota,
+                k.delete_namespaced_resource_quota,
+            )
         if kind == "RoleBinding":
-            return (rbac.read_namespaced_role_binding, rbac.create_namespaced_role_binding,
-                    rbac.replace_namespaced_role_binding, rbac.delete_namespaced_role_binding)  # fmt: skip
+            return (
+                rbac.read_namespaced_role_binding,
+                rbac.create_namespaced_role_binding,
+                rbac.replace_namespaced_role_binding,
+                rbac.delete_namespaced_role_binding,
+            )
         raise DriverError(f"bcm does not manage {kind} objects")
 
     def read_obj(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -298,8 +383,14 @@ class Api:
             items = self.call("list namespaces", self.core.list_namespace, label_selector=selector).items
             return [self.api.sanitize_for_serialization(i) for i in items]
         plural = {"Cohort": "cohorts", "ClusterQueue": "clusterqueues"}[kind]
-        got: Any = self.call(f"list {plural}", self.custom.list_cluster_custom_object, KUEUE_GROUP,
-                             KUEUE_VERSION, plural, label_selector=selector)  # fmt: skip
+        got: Any = self.call(
+            f"list {plural}",
+            self.custom.list_cluster_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            plural,
+            label_selector=selector,
+        )
         return list(got.get("items", []))
 
 
@@ -369,10 +460,20 @@ class Kubernetes:
         svc_ip = str(next(ipaddress.ip_network(s.service_subnet).hosts()))
         pki.ensure_ca(d)
         pki.ensure_sa_keys(d)
-        pki.ensure_cert(d, "apiserver", "kube-apiserver", server=True,
-                        dns=("kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                             f"kubernetes.default.svc.{s.dns_domain}", cp.name),
-                        ips=(cp.address, svc_ip))  # fmt: skip
+        pki.ensure_cert(
+            d,
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            dns=(
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                f"kubernetes.default.svc.{s.dns_domain}",
+                cp.name,
+            ),
+            ips=(cp.address, svc_ip),
+        )
         pki.ensure_cert(d, "admin", "bcm-admin", orgs=("system:masters",))
         pki.ensure_cert(d, "controller-manager", "system:kube-controller-manager")
         pki.ensure_cert(d, "scheduler", "system:kube-scheduler")
@@ -386,14 +487,28 @@ class Kubernetes:
 
         def kc(stem: str, user: str) -> str:
             path = d / f"{stem}.kubeconfig"
-            write_private(path, pki.kubeconfig(d, server, user, d / f"{stem}.crt", d / f"{stem}.key",
-                                               cluster=spec.name).encode())  # fmt: skip
+            write_private(
+                path,
+                pki.kubeconfig(
+                    d, server, user, d / f"{stem}.crt", d / f"{stem}.key", cluster=spec.name
+                ).encode(),
+            )
             return str(path)
 
         members = [m.name for m in spec.members]
-        ctx: dict[str, Any] = {"cluster": spec.name, "cp": cp, "s": s, "bin": BIN_DIR, "pki": NODE_DIR,
-                               "data": DATA_DIR, "kueue_dir": KUEUE_DIR, "kwok_group": pki.KWOK_GROUP,
-                               "token": token, "ca_hash": ca_hash, "cp_is_worker": cp.name in members}  # fmt: skip
+        ctx: dict[str, Any] = {
+            "cluster": spec.name,
+            "cp": cp,
+            "s": s,
+            "bin": BIN_DIR,
+            "pki": NODE_DIR,
+            "data": DATA_DIR,
+            "kueue_dir": KUEUE_DIR,
+            "kwok_group": pki.KWOK_GROUP,
+            "token": token,
+            "ca_hash": ca_hash,
+            "cp_is_worker": cp.name in members,
+        }
         cp_files = {
             "kueue-config.yaml": render("kubernetes/kueue/config.yaml.j2", **ctx),
             "kueue.sh": render("kubernetes/kueue/kueue.sh.j2", **ctx),
@@ -451,8 +566,10 @@ class Kubernetes:
             for stem in ("controller-manager.kubeconfig", "scheduler.kubeconfig"):
                 cp_secret_paths[stem] = str(d / stem)
         else:
-            cp_secret_paths = {"ca.key": str(d / "ca.key"),
-                               "kubeadm-init.yaml": str(secrets_dir / "etc" / "kubeadm-init.yaml")}  # fmt: skip
+            cp_secret_paths = {
+                "ca.key": str(d / "ca.key"),
+                "kubeadm-init.yaml": str(secrets_dir / "etc" / "kubeadm-init.yaml"),
+            }
         groups_cp = ("k8s_control_plane", *(("k8s_nodes",) if cp.name in members else ()))
         hosts = [AnsibleHost(cp.name, cp.address, cp.host_key or "", groups_cp)]
         hosts += [
@@ -531,30 +648,50 @@ class Kubernetes:
         if s.container_toolkit:
             api.ensure_runtime_class("nvidia", "nvidia")
         for product in sorted(flavors):
-            api.ensure_custom("resourceflavors", {
-                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ResourceFlavor",
-                "metadata": {"name": k8s.flavor_name(product)},
-                "spec": {"nodeLabels": {k8s.LABEL_PRODUCT: product}},
-            })  # fmt: skip
+            api.ensure_custom(
+                "resourceflavors",
+                {
+                    "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                    "kind": "ResourceFlavor",
+                    "metadata": {"name": k8s.flavor_name(product)},
+                    "spec": {"nodeLabels": {k8s.LABEL_PRODUCT: product}},
+                },
+            )
         left = s.gpu_quota if s.gpu_quota is not None else sum(flavors.values())
         quotas = []
         for product in sorted(flavors):
             take = min(flavors[product], left)
             left -= take
-            quotas.append({"name": k8s.flavor_name(product),
-                           "resources": [{"name": k8s.GPU_RESOURCE, "nominalQuota": str(take)}]})  # fmt: skip
+            quotas.append(
+                {
+                    "name": k8s.flavor_name(product),
+                    "resources": [{"name": k8s.GPU_RESOURCE, "nominalQuota": str(take)}],
+                }
+            )
         if quotas:
-            api.ensure_custom("clusterqueues", {
-                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ClusterQueue",
-                "metadata": {"name": CLUSTER_QUEUE},
-                "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
-                         "resourceGroups": [{"coveredResources": [k8s.GPU_RESOURCE], "flavors": quotas}]},
-            })  # fmt: skip
-            api.ensure_custom("localqueues", {
-                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue",
-                "metadata": {"name": LOCAL_QUEUE, "namespace": k8s.SYSTEM_NAMESPACE},
-                "spec": {"clusterQueue": CLUSTER_QUEUE},
-            }, namespace=k8s.SYSTEM_NAMESPACE)  # fmt: skip
+            api.ensure_custom(
+                "clusterqueues",
+                {
+                    "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                    "kind": "ClusterQueue",
+                    "metadata": {"name": CLUSTER_QUEUE},
+                    "spec": {
+                        "namespaceSelector": {},
+                        "queueingStrategy": "BestEffortFIFO",
+                        "resourceGroups": [{"coveredResources": [k8s.GPU_RESOURCE], "flavors": quotas}],
+                    },
+                },
+            )
+            api.ensure_custom(
+                "localqueues",
+                {
+                    "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                    "kind": "LocalQueue",
+                    "metadata": {"name": LOCAL_QUEUE, "namespace": k8s.SYSTEM_NAMESPACE},
+                    "spec": {"clusterQueue": CLUSTER_QUEUE},
+                },
+                namespace=k8s.SYSTEM_NAMESPACE,
+            )
 
     @staticmethod
     def _remove_left(api: Api, cluster: str, members: set[str]) -> None:
@@ -579,12 +716,19 @@ class Kubernetes:
         if node is None and lab:
             cap = {"cpu": "32", "memory": "256Gi", "pods": "110", k8s.GPU_RESOURCE: str(gpus.count)}
             body = {
-                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                             "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                        "kubernetes.io/arch": "amd64", "type": "kwok",
-                                        **{k: v for k, v in labels.items() if v is not None}}},
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "kwok",
+                        **{k: v for k, v in labels.items() if v is not None},
+                    },
+                },
                 "status": {"capacity": cap, "allocatable": cap},
-            }  # fmt: skip
+            }
             api.call(f"create node {name}", api.core.create_node, body)
             api.changes.append(f"node/{name} created")
             return
@@ -602,7 +746,9 @@ class Kubernetes:
             want = str(gpus.count)
             cap = (node.status.capacity or {}) if node.status else {}
             if cap.get(k8s.GPU_RESOURCE) != want:
-                body = {"status": {"capacity": {k8s.GPU_RESOURCE: want}, "allocatable": {k8s.GPU_RESOURCE: want}}}
+                body = {
+                    "status": {"capacity": {k8s.GPU_RESOURCE: want}, "allocatable": {k8s.GPU_RESOURCE: want}}
+                }
                 api.call(f"patch node {name} status", api.core.patch_node_status, name, body)
                 api.changes.append(f"node/{name} capacity {k8s.GPU_RESOURCE}={want}")
 
@@ -639,7 +785,13 @@ class Kubernetes:
         return await poll_registered(self, ssh, controller, names, timeout_s)
 
     async def verify(
-        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True
+        self,
+        ssh: SshClient,
+        controller: Target,
+        names: list[str],
+        *,
+        timeout_s: float = 120,
+        gpus: bool = True,
     ) -> VerifyResult:
         """A Kueue-admitted Job with one pod per node (one GPU each), admitted whole or not at all."""
         if not names:
@@ -649,29 +801,57 @@ class Kubernetes:
         n = len(names)
         limits = {k8s.GPU_RESOURCE: "1"} if gpus else {}
         body = {
-            "apiVersion": "batch/v1", "kind": "Job",
+            "apiVersion": "batch/v1",
+            "kind": "Job",
             "metadata": {"name": job_name, "namespace": ns, "labels": {QUEUE_LABEL: LOCAL_QUEUE}},
             "spec": {
-                "parallelism": n, "completions": n, "completionMode": "Indexed", "backoffLimit": 0,
-                "suspend": True, "ttlSecondsAfterFinished": 3600,
+                "parallelism": n,
+                "completions": n,
+                "completionMode": "Indexed",
+                "backoffLimit": 0,
+                "suspend": True,
+                "ttlSecondsAfterFinished": 3600,
                 "template": {
                     "metadata": {"labels": {"bcm.io/verify": job_name}},
                     "spec": {
                         "restartPolicy": "Never",
                         "affinity": {
-                            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": [
-                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": names}]}]}},
-                            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                                "labelSelector": {"matchLabels": {"bcm.io/verify": job_name}},
-                                "topologyKey": "kubernetes.io/hostname"}]},
+                            "nodeAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {
+                                                    "key": "kubernetes.io/hostname",
+                                                    "operator": "In",
+                                                    "values": names,
+                                                }
+                                            ]
+                                        }
+                                    ]
+                                }
+                            },
+                            "podAntiAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": [
+                                    {
+                                        "labelSelector": {"matchLabels": {"bcm.io/verify": job_name}},
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    }
+                                ]
+                            },
                         },
-                        "containers": [{"name": "verify", "image": "", "command": ["nvidia-smi", "-L"],
-                                        "resources": {"limits": limits}}],
+                        "containers": [
+                            {
+                                "name": "verify",
+                                "image": "",
+                                "command": ["nvidia-smi", "-L"],
+                                "resources": {"limits": limits},
+                            }
+                        ],
                     },
                 },
             },
-        }  # fmt: skip
+        }
         if not gpus:
             body["spec"]["template"]["spec"]["containers"][0]["command"] = ["true"]  # type: ignore[index]
 
@@ -695,25 +875,40 @@ class Kubernetes:
                 time.sleep(1.0)
             else:
                 message = f"not finished within {timeout_s:.0f}s: {message}"
-            pods: Any = api.call("list pods", api.core.list_namespaced_pod, ns,
-                            label_selector=f"bcm.io/verify={job_name}")  # fmt: skip
-            seen = {p.spec.node_name: (f"{k8s.GPU_RESOURCE}=1" if gpus else "-")
-                    for p in pods.items if p.spec.node_name and p.status.phase == "Succeeded"}  # fmt: skip
+            pods: Any = api.call(
+                "list pods", api.core.list_namespaced_pod, ns, label_selector=f"bcm.io/verify={job_name}"
+            )
+            seen = {
+                p.spec.node_name: (f"{k8s.GPU_RESOURCE}=1" if gpus else "-")
+                for p in pods.items
+                if p.spec.node_name and p.status.phase == "Succeeded"
+            }
             missing = [x for x in names if x not in seen]
             if message or missing:
                 why = message or f"no pod finished on {', '.join(missing)}"
                 return VerifyResult(False, why, job_name, seen)
             what = "one pod with one GPU" if gpus else "one pod (no GPUs inventoried)"
-            return VerifyResult(True, f"{what} ran on all {n} nodes, admitted by Kueue", job_name, seen,
-                                f"{k8s.GPU_RESOURCE}={n if gpus else 0}")  # fmt: skip
+            return VerifyResult(
+                True,
+                f"{what} ran on all {n} nodes, admitted by Kueue",
+                job_name,
+                seen,
+                f"{k8s.GPU_RESOURCE}={n if gpus else 0}",
+            )
 
         return await self._with_api(controller, run, timeout_s + 30)
 
     @staticmethod
     def _admission(api: Api, ns: str, job_name: str) -> str | None:
         """Kueue's word on the job's Workload: pending and why, or None once admitted."""
-        wls: Any = api.call("list workloads", api.custom.list_namespaced_custom_object, KUEUE_GROUP,
-                       KUEUE_VERSION, ns, "workloads")  # fmt: skip
+        wls: Any = api.call(
+            "list workloads",
+            api.custom.list_namespaced_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            ns,
+            "workloads",
+        )
         for wl in wls.get("items", []):
             owners = wl["metadata"].get("ownerReferences") or []
             if not any(o.get("name") == job_name for o in owners):
@@ -722,7 +917,9 @@ class Kubernetes:
             if conds.get("Admitted", {}).get("status") == "True":
                 return None
             pending = conds.get("QuotaReserved") or conds.get("Pending") or {}
-            return f"Kueue has not admitted it: {pending.get('message') or pending.get('reason') or 'pending'}"
+            return (
+                f"Kueue has not admitted it: {pending.get('message') or pending.get('reason') or 'pending'}"
+            )
         return "no Kueue workload for the job yet"
 
     async def drain(
@@ -763,10 +960,18 @@ class Kubernetes:
 
     @staticmethod
     def _flavors(api: Api) -> list[str]:
-        got: Any = api.call("list resourceflavors", api.custom.list_cluster_custom_object, KUEUE_GROUP,
-                            KUEUE_VERSION, "resourceflavors")  # fmt: skip
-        return sorted(f["metadata"]["name"] for f in got.get("items", [])
-                      if k8s.LABEL_PRODUCT in ((f.get("spec") or {}).get("nodeLabels") or {}))  # fmt: skip
+        got: Any = api.call(
+            "list resourceflavors",
+            api.custom.list_cluster_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            "resourceflavors",
+        )
+        return sorted(
+            f["metadata"]["name"]
+            for f in got.get("items", [])
+            if k8s.LABEL_PRODUCT in ((f.get("spec") or {}).get("nodeLabels") or {})
+        )
 
     def _tenancy(
         self, api: Api, cluster: str, accounts: list[AccountSpec], previous: list[AccountSpec] | None
@@ -775,19 +980,38 @@ class Kubernetes:
         want = k8t.objects(accounts, flavors)
         was = {o.key: o for o in k8t.objects(previous or [], flavors)}
         steps: list[tuple[TenancyChange, k8t.Obj | None]] = []
-        notes = [] if flavors else ["no GPU ResourceFlavor yet: deploy the cluster first (queues get no quota)"]
+        notes = (
+            [] if flavors else ["no GPU ResourceFlavor yet: deploy the cluster first (queues get no quota)"]
+        )
         for o in want:
             live = api.read_obj(o.kind, o.namespace, o.name)
             if live is not None and (live.get("metadata") or {}).get("deletionTimestamp"):
                 notes.append(f"{o.key} is being deleted: apply again once it is gone")
                 continue
             if live is None:
-                steps.append((TenancyChange("add", o.kind, o.key, k8t.describe(o), f"kubectl create {o.key}",
-                                            drift=o.key in was), o))  # fmt: skip
+                steps.append(
+                    (
+                        TenancyChange(
+                            "add",
+                            o.kind,
+                            o.key,
+                            k8t.describe(o),
+                            f"kubectl create {o.key}",
+                            drift=o.key in was,
+                        ),
+                        o,
+                    )
+                )
             elif not _matches(o, live):
                 drift = o.key in was and was[o.key].content == o.content
-                steps.append((TenancyChange("modify", o.kind, o.key, k8t.describe(o), f"kubectl replace {o.key}",
-                                            drift=drift), o))  # fmt: skip
+                steps.append(
+                    (
+                        TenancyChange(
+                            "modify", o.kind, o.key, k8t.describe(o), f"kubectl replace {o.key}", drift=drift
+                        ),
+                        o,
+                    )
+                )
         keys = {o.key for o in want}
         for kind in ("ClusterQueue", "Namespace", "Cohort"):
             for live in api.list_labelled(kind, f"{k8t.LABEL}=true"):
@@ -795,8 +1019,19 @@ class Kubernetes:
                 if key in keys or live["metadata"].get("deletionTimestamp"):
                     continue
                 gone = k8t.Obj(kind, None, live["metadata"]["name"], {})
-                steps.append((TenancyChange("remove", kind, key, "not in bcm's model", f"kubectl delete {key}",
-                                            drift=key not in was), gone))  # fmt: skip
+                steps.append(
+                    (
+                        TenancyChange(
+                            "remove",
+                            kind,
+                            key,
+                            "not in bcm's model",
+                            f"kubectl delete {key}",
+                            drift=key not in was,
+                        ),
+                        gone,
+                    )
+                )
         return TenancyPlan(cluster, [c for c, _ in steps], notes), steps
 
     async def tenancy_plan(
@@ -809,8 +1044,9 @@ class Kubernetes:
         previous: list[AccountSpec] | None = None,
     ) -> TenancyPlan:
         """Kueue's cohorts and queues, the projects' namespaces, quotas and role bindings against the model."""
-        return await self._with_api(controller, lambda api: self._tenancy(api, cluster, accounts, previous)[0],
-                                    timeout_s)  # fmt: skip
+        return await self._with_api(
+            controller, lambda api: self._tenancy(api, cluster, accounts, previous)[0], timeout_s
+        )
 
     async def tenancy_apply(
         self,
@@ -838,8 +1074,10 @@ class Kubernetes:
                         api.create_obj(o.kind, o.namespace, o.body)
                         continue
                     body = {**live, **o.content}
-                    body["metadata"] = {**live.get("metadata", {}), "labels": {
-                        **(live.get("metadata", {}).get("labels") or {}), **k8t.LABELS}}  # fmt: skip
+                    body["metadata"] = {
+                        **live.get("metadata", {}),
+                        "labels": {**(live.get("metadata", {}).get("labels") or {}), **k8t.LABELS},
+                    }
                     api.replace_obj(o.kind, o.namespace, o.name, body)
                 else:
                     api.delete_obj(o.kind, o.namespace, o.name)
@@ -860,11 +1098,19 @@ class Kubernetes:
                 cq = api.read_obj("ClusterQueue", None, name)
                 if cq is None:
                     continue
-                used = sum(int(r.get("total") or 0) for f in (cq.get("status") or {}).get("flavorsReservation") or []
-                           for r in f.get("resources") or [] if r.get("name") == k8s.GPU_RESOURCE)  # fmt: skip
+                used = sum(
+                    int(r.get("total") or 0)
+                    for f in (cq.get("status") or {}).get("flavorsReservation") or []
+                    for r in f.get("resources") or []
+                    if r.get("name") == k8s.GPU_RESOURCE
+                )
                 weight = ((cq.get("spec") or {}).get("fairSharing") or {}).get("weight")
-                out[name] = AccountUsage(name, raw_shares=int(str(weight)) if str(weight).isdigit() else None,
-                                         gpus_running=used, gpus_pending=_pending_gpus(api, name))  # fmt: skip
+                out[name] = AccountUsage(
+                    name,
+                    raw_shares=int(str(weight)) if str(weight).isdigit() else None,
+                    gpus_running=used,
+                    gpus_pending=_pending_gpus(api, name),
+                )
             return out
 
         return await self._with_api(controller, run, timeout_s)
@@ -873,8 +1119,9 @@ class Kubernetes:
         """The running pods of every namespace: a project's namespace is its tenant (``k8t.pod_usage``)."""
 
         def run(api: Api) -> list[NodeUsage]:
-            pods: Any = api.call("list pods", api.core.list_pod_for_all_namespaces,
-                                 field_selector="status.phase=Running")  # fmt: skip
+            pods: Any = api.call(
+                "list pods", api.core.list_pod_for_all_namespaces, field_selector="status.phase=Running"
+            )
             return k8t.pod_usage(api.api.sanitize_for_serialization(p) for p in pods.items)
 
         return await self._with_api(controller, run, timeout_s)
@@ -900,8 +1147,14 @@ def _matches(o: k8t.Obj, live: dict[str, Any]) -> bool:
 
 
 def _pending_gpus(api: Api, namespace: str) -> int:
-    got: Any = api.call("list workloads", api.custom.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION,
-                        namespace, "workloads")  # fmt: skip
+    got: Any = api.call(
+        "list workloads",
+        api.custom.list_namespaced_custom_object,
+        KUEUE_GROUP,
+        KUEUE_VERSION,
+        namespace,
+        "workloads",
+    )
     total = 0
     for wl in got.get("items", []):
         conds = {c["type"]: c["status"] for c in (wl.get("status") or {}).get("conditions") or []}
@@ -910,7 +1163,9 @@ def _pending_gpus(api: Api, namespace: str) -> int:
         for ps in (wl.get("spec") or {}).get("podSets") or []:
             for c in ((ps.get("template") or {}).get("spec") or {}).get("containers") or []:
                 res = c.get("resources") or {}
-                want = (res.get("limits") or {}).get(k8s.GPU_RESOURCE) or (res.get("requests") or {}).get(k8s.GPU_RESOURCE)
+                want = (res.get("limits") or {}).get(k8s.GPU_RESOURCE) or (res.get("requests") or {}).get(
+                    k8s.GPU_RESOURCE
+                )
                 total += int(ps.get("count") or 1) * int(str(want or 0))
     return total
 
@@ -951,4 +1206,3 @@ def lift_drain(node: Any) -> bool:
         changed = True
     node.metadata.annotations = notes
     return changed
-

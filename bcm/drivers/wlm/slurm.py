@@ -253,7 +253,13 @@ class Slurm:
         return await poll_registered(self, ssh, controller, names, timeout_s, interval_s)
 
     async def verify(
-        self, ssh: SshClient, controller: Target, names: list[str], *, timeout_s: float = 120, gpus: bool = True
+        self,
+        ssh: SshClient,
+        controller: Target,
+        names: list[str],
+        *,
+        timeout_s: float = 120,
+        gpus: bool = True,
     ) -> VerifyResult:
         """One step on every named node with one GPU each (none when ``gpus`` is False: nodes without GPUs);
         all or nothing; then the job's AllocTRES."""

@@ -53,9 +53,14 @@ USER_QUERY = ["sacctmgr", "-nP", "show", "user", "format=User,DefaultAccount"]
 
 def assoc_query(cluster: str) -> list[str]:
     return [
-        "sacctmgr", "-nP", "show", "assoc", "where", f"cluster={cluster}",
+        "sacctmgr",
+        "-nP",
+        "show",
+        "assoc",
+        "where",
+        f"cluster={cluster}",
         "format=Account,User,ParentName,Fairshare,GrpTRES",
-    ]  # fmt: skip
+    ]
 
 
 def parse(accounts_out: str, assoc_out: str, users_out: str) -> Holdings:
@@ -121,17 +126,38 @@ def diff(
                 args.append(f"grptres={_limit(spec.gpu_limit)}")
             detail = f"{kind} under {parent}, fairshare {spec.fairshare}"
             detail += f", GrpTRES {_limit(spec.gpu_limit)}" if spec.gpu_limit is not None else ""
-            adds.append(TenancyChange("add", "account", spec.name, detail, _sacctmgr("add", "account", *args),
-                                      drift=spec.name in prev))  # fmt: skip
+            adds.append(
+                TenancyChange(
+                    "add",
+                    "account",
+                    spec.name,
+                    detail,
+                    _sacctmgr("add", "account", *args),
+                    drift=spec.name in prev,
+                )
+            )
             continue
         was = prev.get(spec.name)
         if cur.parent != parent:
             drift = was is not None and (was.parent or ROOT) != cur.parent
-            mods.append(TenancyChange(
-                "modify", "account", spec.name, f"parent {cur.parent} -> {parent}",
-                _sacctmgr("modify", "account", "where", f"name={spec.name}", f"cluster={cluster}", "set",
-                          f"parent={parent}"), drift=drift,
-            ))  # fmt: skip
+            mods.append(
+                TenancyChange(
+                    "modify",
+                    "account",
+                    spec.name,
+                    f"parent {cur.parent} -> {parent}",
+                    _sacctmgr(
+                        "modify",
+                        "account",
+                        "where",
+                        f"name={spec.name}",
+                        f"cluster={cluster}",
+                        "set",
+                        f"parent={parent}",
+                    ),
+                    drift=drift,
+                )
+            )
         sets, details = [], []
         drift = False
         if _fs(cur) != spec.fairshare:
@@ -145,11 +171,18 @@ def diff(
             )
             drift |= was is not None and cur.gpu_limit != was.gpu_limit
         if sets:
-            mods.append(TenancyChange(
-                "modify", "account", spec.name, ", ".join(details),
-                _sacctmgr("modify", "account", "where", f"name={spec.name}", f"cluster={cluster}", "set", *sets),
-                drift=drift,
-            ))  # fmt: skip
+            mods.append(
+                TenancyChange(
+                    "modify",
+                    "account",
+                    spec.name,
+                    ", ".join(details),
+                    _sacctmgr(
+                        "modify", "account", "where", f"name={spec.name}", f"cluster={cluster}", "set", *sets
+                    ),
+                    drift=drift,
+                )
+            )
 
     want_users = {(u, a.name) for a in want for u in a.users if a.name not in have.foreign}
     have_users = {(u, acct) for u, accts in have.users.items() for acct in accts if acct in have.managed}
@@ -161,7 +194,7 @@ def diff(
             f"member of {acct}",
             _sacctmgr("add", "user", f"name={u}", f"account={acct}", f"cluster={cluster}"),
             drift=(u, acct) in prev_users,
-        )  # fmt: skip
+        )
         for u, acct in sorted(want_users - have_users)
     ]
     user_removals: list[TenancyChange] = []
@@ -173,33 +206,55 @@ def diff(
         default = have.defaults.get(u, "")
         if default in gone and kept:
             new_default = sorted(kept)[0]
-            user_removals.append(TenancyChange(
-                "modify", "user", u, f"default account {default} -> {new_default}",
-                _sacctmgr("modify", "user", "where", f"name={u}", "set", f"defaultaccount={new_default}"),
-            ))  # fmt: skip
+            user_removals.append(
+                TenancyChange(
+                    "modify",
+                    "user",
+                    u,
+                    f"default account {default} -> {new_default}",
+                    _sacctmgr("modify", "user", "where", f"name={u}", "set", f"defaultaccount={new_default}"),
+                )
+            )
         if not kept:  # their last association on the cluster: the user goes (their default with it)
-            user_removals.append(TenancyChange(
-                "remove", "user", u, f"no longer a member of {', '.join(sorted(gone))}",
-                _sacctmgr("remove", "user", "where", f"name={u}", f"cluster={cluster}"),
-                drift=any((u, a) not in prev_users for a in gone),
-            ))  # fmt: skip
+            user_removals.append(
+                TenancyChange(
+                    "remove",
+                    "user",
+                    u,
+                    f"no longer a member of {', '.join(sorted(gone))}",
+                    _sacctmgr("remove", "user", "where", f"name={u}", f"cluster={cluster}"),
+                    drift=any((u, a) not in prev_users for a in gone),
+                )
+            )
             continue
         for acct in sorted(gone):
-            user_removals.append(TenancyChange(
-                "remove", "user", u, f"no longer a member of {acct}",
-                _sacctmgr("remove", "user", "where", f"name={u}", f"account={acct}", f"cluster={cluster}"),
-                drift=(u, acct) not in prev_users,
-            ))  # fmt: skip
+            user_removals.append(
+                TenancyChange(
+                    "remove",
+                    "user",
+                    u,
+                    f"no longer a member of {acct}",
+                    _sacctmgr(
+                        "remove", "user", "where", f"name={u}", f"account={acct}", f"cluster={cluster}"
+                    ),
+                    drift=(u, acct) not in prev_users,
+                )
+            )
 
     removals = []
     gone_accounts = [a for a in have.accounts if a in have.managed and a not in wanted]
     depth = {a: _depth(a, have) for a in gone_accounts}
     for acct in sorted(gone_accounts, key=lambda a: (-depth[a], a)):  # children before parents
-        removals.append(TenancyChange(
-            "remove", "account", acct, f"not in bcm's model (was under {have.accounts[acct].parent})",
-            _sacctmgr("remove", "account", "where", f"name={acct}", f"cluster={cluster}"),
-            drift=acct not in prev,
-        ))  # fmt: skip
+        removals.append(
+            TenancyChange(
+                "remove",
+                "account",
+                acct,
+                f"not in bcm's model (was under {have.accounts[acct].parent})",
+                _sacctmgr("remove", "account", "where", f"name={acct}", f"cluster={cluster}"),
+                drift=acct not in prev,
+            )
+        )
     return adds + mods + user_adds + user_removals + removals, notes
 
 

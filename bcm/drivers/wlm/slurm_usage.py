@@ -28,7 +28,15 @@ from bcm.drivers.wlm.base import NodeUsage
 from bcm.errors import BcmError
 
 FIELDS = ("JobID", "Account", "NodeList", "tres-alloc", "tres-per-node", "tres-per-job")
-SQUEUE_ARGV = ["squeue", "-h", "-r", "-t", "R", "-O", ",".join(f"{f}:0|" for f in FIELDS[:-1]) + f",{FIELDS[-1]}:0"]
+SQUEUE_ARGV = [
+    "squeue",
+    "-h",
+    "-r",
+    "-t",
+    "R",
+    "-O",
+    ",".join(f"{f}:0|" for f in FIELDS[:-1]) + f",{FIELDS[-1]}:0",
+]
 NO_ACCOUNT = ("", "(null)")
 _ALLOC_TOTAL = re.compile(r"(?:^|,)gres/gpu=(\d+)")  # untyped: every GPU of the job
 _ALLOC_TYPED = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")  # per type, when only typed ones are listed

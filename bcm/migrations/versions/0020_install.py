@@ -45,7 +45,7 @@ def downgrade() -> None:
     with op.batch_alter_table("node", schema=None) as batch_op:
         for column in ("booted_from", "booted_image", "install_bytes", "installed_at", "installed_layout",
                        "installed_image", "install_state", "wipe_confirmed", "data_node", "next_install_mode",
-                       "install_mode"):  # fmt: skip
+                       "install_mode"):
             batch_op.drop_column(column)
     with op.batch_alter_table("category", schema=None) as batch_op:
         batch_op.drop_column("disk_layout")
