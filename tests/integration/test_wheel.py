@@ -49,8 +49,10 @@ boot = {"kernel_url": URL + "/boot/v1/images/base/3/vmlinuz", "image": "base:3",
         "initrd_url": URL + "/boot/v1/images/base/3/initramfs.img", "cmdline": "console=ttyS0,115200"}
 r["boot.ipxe"] = render("ipxe/boot.ipxe.j2", server_url=URL)
 r["discovery.ipxe"] = render("ipxe/discovery.ipxe.j2", mac="52:54:00:1a:00:01", **boot)
-r["image.ipxe"] = render("ipxe/image.ipxe.j2", node="gpu01", **boot)
-r["local.ipxe"] = render("ipxe/local.ipxe.j2", node="gpu01", state="ready")
+r["image.ipxe"] = render("ipxe/image.ipxe.j2", node="gpu01", install=None, **boot)
+r["install.ipxe"] = render("ipxe/image.ipxe.j2", node="gpu01", install="full", **boot)
+r["local.ipxe"] = render("ipxe/local.ipxe.j2", node="gpu01", state="ready", disk=False)
+r["local-disk.ipxe"] = render("ipxe/local.ipxe.j2", node="gpu01", state="ready", disk=True)
 r["noimage.ipxe"] = render("ipxe/noimage.ipxe.j2", node="gpu01", message="no image assigned")
 r["refused.ipxe"] = render("ipxe/refused.ipxe.j2", node="gpu01", message="not the bound address")
 overlay = {"node": "gpu01", "server_url": URL, "head": "198.18.0.1", "hosts": [("gpu01", "198.18.0.50")]}
@@ -152,7 +154,8 @@ def test_templates_render_from_the_installed_copy(installed: Installed, tmp_path
         assert Path(theirs["dirs"][name]) == REPO / name, theirs["dirs"]
     rendered = ours["rendered"]
     assert rendered == theirs["rendered"]
-    assert all(rendered[f"{n}.ipxe"].startswith("#!ipxe\n") for n in ("boot", "discovery", "image", "local"))
+    names = ("boot", "discovery", "image", "install", "local", "local-disk")
+    assert all(rendered[f"{n}.ipxe"].startswith("#!ipxe\n") for n in names)
     assert "dhcp-range=198.18.0.100,198.18.0.199" in rendered["dnsmasq.conf"]
     assert {"base", "lab", "slurm-node"} <= set(rendered["recipes"])
     assert rendered["image/init"][1] is True
