@@ -29,6 +29,7 @@ from bcm.lab import procs
 from bcm.lab.slurm import SlurmLab
 from tests.conftest import pg_schema
 from tests.faults.test_ha_servers import PXE_ON_LO, live_dnsmasq
+from tests.faults.test_ha_servers import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.lab
 OPS_LEASE_S = 6.0  # operations; the leader's lease below
@@ -38,18 +39,7 @@ WAIT_S = 120.0
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, AssertionError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
+    return shared_wait_for(what, check, timeout_s)
 
 
 def playbooks_of(server: Server) -> list[int]:

@@ -25,6 +25,7 @@ import pytest
 
 from bcm.devserver import free_port
 from bcm.lab import net, procs
+from tests.faults.test_ha_servers import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.lab
 LEASE_S = 2.0  # bcm.lab.heads' lease
@@ -104,19 +105,8 @@ def ours(work: Path) -> list[int]:
     return found
 
 
-def wait_for(what: str, check: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, AssertionError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {WAIT_S} s (last: {last!r})")
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+    return shared_wait_for(what, check, timeout_s)
 
 
 def test_the_service_address_follows_the_leader(tmp_path: Path, socket_db: str) -> None:
