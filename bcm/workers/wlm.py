@@ -368,19 +368,20 @@ async def _settle_states(
 ) -> None:
     """The members' states once the verification job has let go of them (bounded by SETTLE_S), stored:
     a periodic sync that ran during the job saw them allocated, and the next may be half a minute away."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SETTLE_S
-    states: dict[str, wlm.WlmNodeState] = {}
-    while True:  # bounded by SETTLE_S
-        try:
-            states = await manager.node_states(ssh, target)
-        except BcmError as exc:
-            log.info("wlm %s: states after the verification job not read: %s", name, exc.message)
-            return
-        busy = [n for n in members if (st := states.get(n)) is not None and any(b in st.state for b in BUSY)]
-        if not busy or loop.time() > deadline:
-            break
-        await asyncio.sleep(1.0)
+
+    def settled(states: dict[str, wlm.WlmNodeState]) -> bool:  # {}: the controller did not answer yet
+        return bool(states) and not any(
+            (st := states.get(n)) is not None and any(b in st.state for b in BUSY) for n in members
+        )
+
+    try:
+        states = await wlm.poll_states(manager, ssh, target, settled, SETTLE_S)
+    except BcmError as exc:
+        log.info("wlm %s: states after the verification job not read: %s", name, exc.message)
+        return
+    if not states:  # the controller never answered: the stored states stay as the last sync saw them
+        log.info("wlm %s: states after the verification job not read: the controller did not answer", name)
+        return
     await anyio.to_thread.run_sync(_store_states, engine, name, {k: v.state for k, v in states.items()})
 
 

@@ -23,6 +23,7 @@ from bcm.drivers.wlm.base import (
     WlmHost,
     WlmNodeState,
     WorkloadManager,
+    poll_states,
 )
 from bcm.errors import InvalidInput
 from bcm.models.wlm import WlmKind
@@ -44,6 +45,7 @@ __all__ = [
     "WorkloadManager",
     "get",
     "kinds",
+    "poll_states",
 ]
 
 

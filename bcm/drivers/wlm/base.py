@@ -285,17 +285,16 @@ class WorkloadManager(Protocol):
         ...
 
 
-async def poll_registered(
+async def poll_states(
     manager: WorkloadManager,
     ssh: SshClient,
     controller: Target,
-    names: list[str],
+    done: Callable[[dict[str, WlmNodeState]], bool],
     timeout_s: float,
     interval_s: float = 1.0,
 ) -> dict[str, WlmNodeState]:
-    """``wait_registered`` for any workload manager: poll ``node_states`` until every named node is
-    responding or ``timeout_s`` passed (a controller that does not answer counts as nothing seen yet,
-    until the deadline); the last states seen."""
+    """Poll ``node_states`` until ``done`` holds for them or ``timeout_s`` passed (a controller that does not
+    answer counts as nothing seen yet, until the deadline); the last states seen."""
     import asyncio
 
     from bcm.errors import RetryableDriverError
@@ -309,9 +308,25 @@ async def poll_registered(
             if loop.time() > deadline:
                 raise
             states = {}
-        if all(manager.is_responding(states.get(n)) for n in names) or loop.time() > deadline:
+        if done(states) or loop.time() > deadline:
             return states
         await asyncio.sleep(interval_s)
+
+
+async def poll_registered(
+    manager: WorkloadManager,
+    ssh: SshClient,
+    controller: Target,
+    names: list[str],
+    timeout_s: float,
+    interval_s: float = 1.0,
+) -> dict[str, WlmNodeState]:
+    """``wait_registered`` for any workload manager: every named node responding (``poll_states``)."""
+
+    def responding(states: dict[str, WlmNodeState]) -> bool:
+        return all(manager.is_responding(states.get(n)) for n in names)
+
+    return await poll_states(manager, ssh, controller, responding, timeout_s, interval_s)
 
 
 def write_private(path: Path, data: bytes) -> None:
