@@ -13,20 +13,15 @@ leave the cluster: its Node object is gone and the GPU node stays.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bcm.devserver import Server
 from bcm.domain.naming import expand_hostlist
 from bcm.lab.lab import Lab
 from tests.lab.test_health_e2e import until
 from tests.lab.test_readme import README, sh_lines
-from tests.lab.test_zero_touch import COMMAND_TIMEOUT_S, Flow
+from tests.lab.test_zero_touch import COMMAND_TIMEOUT_S, Flow, flow  # noqa: F401 (the fixture: its server and teardown)
 
 pytestmark = pytest.mark.lab
 
@@ -46,34 +41,6 @@ POWER_ON = f"{BCM} lab vm-power on --pxe"  # the power button; nothing more to t
 WAIT = f"{BCM} node wait zk01 --state ready --timeout 2400"
 
 
-@pytest.fixture
-def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
-    server = Server(tmp_path / "state", host="0.0.0.0")
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / ".venv").symlink_to(Path(sys.prefix))
-    f = Flow(server, work)
-    try:
-        server.start()
-        yield f
-    finally:
-        (tmp_path / "transcript.txt").write_text("\n".join(f.transcript) + "\n")
-        try:
-            subprocess.run(
-                ["bash", "-c", f"{BCM} pxe disable; {BCM} lab down"],
-                cwd=work,
-                env=server.env(),
-                capture_output=True,
-                timeout=300,
-                check=False,
-            )
-            leftover = Lab(server.state_dir / "lab" / "bcmlab", "bcmlab")
-            if leftover.is_up():
-                leftover.down()
-        finally:
-            server.stop()
-
-
 def k8s_nodes(lab: Lab) -> dict[str, Any]:
     done = lab.run("node01", [*KUBECTL, "get", "nodes", "-o", "json"], timeout=60)
     assert done.returncode == 0, f"kubectl: {done.stdout}{done.stderr}"
@@ -85,7 +52,7 @@ def ready(node: Any) -> str:
 
 
 @pytest.mark.timeout(3 * COMMAND_TIMEOUT_S)
-def test_power_on_to_ready_in_kubernetes_with_no_command(flow: Flow) -> None:
+def test_power_on_to_ready_in_kubernetes_with_no_command(flow: Flow) -> None:  # noqa: F811
     flow.sh(next(ln for ln in sh_lines(README.read_text()) if "bcm image build lab" in ln))
     for line in [*SETUP, POWER_ON, WAIT]:
         flow.sh(line)
