@@ -264,7 +264,7 @@ def to_public(session: Session, nodes: Sequence[Node]) -> list[NodePublic]:
                     for i in ifaces.get(n.id or 0, [])
                 ],
                 gpu_count=gpus.get(n.id or 0, 0),
-                locked_by=n.lock_owner if _locked(n) else None,
+                locked_by=n.lock_owner if is_locked(n) else None,
                 effective=eff.values,
                 created_at=n.created_at,
                 updated_at=n.updated_at,
@@ -502,14 +502,15 @@ def join_workload_manager(session: Session, names: list[str]) -> None:
     session.flush()
 
 
-def _locked(node: Node) -> bool:
+def is_locked(node: Node) -> bool:
+    """An operation holds the node: its lock has an owner and has not lapsed."""
     if node.lock_owner is None:
         return False
     return node.lock_expires is None or node.lock_expires > utcnow()
 
 
 def _check_unlocked(nodes: Sequence[Node], owner: str | None = None) -> None:
-    held = [n for n in nodes if _locked(n) and n.lock_owner != owner]
+    held = [n for n in nodes if is_locked(n) and n.lock_owner != owner]
     if held:
         raise LockHeld(
             f"locked by a running operation: {', '.join(f'{n.name} ({n.lock_owner})' for n in held[:10])}"

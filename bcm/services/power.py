@@ -290,7 +290,7 @@ def _boot_died(node: Node) -> bool:
 
     now = utcnow()
     started = node.provision_started_at
-    locked = node_svc._locked(node)  # the provisioning power step still holds it
+    locked = node_svc.is_locked(node)  # the provisioning power step still holds it
     return (
         node.provision_state == "provisioning"
         and started is not None

@@ -503,7 +503,7 @@ def join_plans(session: Session, limit: int = 500) -> list[JoinPlan]:
             if n.provision_state == State.BOOTED.value
             and n.inventoried_at is not None
             and n.facts
-            and not node_svc._locked(n)
+            and not node_svc.is_locked(n)
         ]
         members = member_names(session, row) if row is not None else []
         leaving: tuple[str, ...] = ()
