@@ -130,40 +130,10 @@ def failover(base: str, work: Path, lease: float, pxe: bool) -> tuple[float, flo
 def vip_failover(work: Path, lease: float, runs: int, rise: int = 1) -> list[float]:
     """Seconds from kill -9 of the leading head's bcm until the service address answers as the other head;
     ``rise``: keepalived's successes of the /leaderz check before a head takes the address."""
-    import subprocess
+    from bcm.lab.heads import Heads, socket_cluster
 
-    from bcm.devserver import free_port
-    from bcm.lab.heads import Heads
-
-    name, port = f"bcmbench{uuid.uuid4().hex[:6]}", free_port()
-    subprocess.run(
-        ["pg_createcluster", "15", name, "-p", str(port), "--start-conf", "manual"],
-        check=True,
-        capture_output=True,
-    )
     times = []
-    try:
-        Path(f"/etc/postgresql/15/{name}/pg_hba.conf").write_text("local all all trust\n")
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", "15", name, "start"], check=True)
-        for sql in ("CREATE ROLE bcm LOGIN SUPERUSER", "CREATE DATABASE bcm OWNER bcm"):
-            subprocess.run(
-                [
-                    "runuser",
-                    "-u",
-                    "postgres",
-                    "--",
-                    "psql",
-                    "-h",
-                    "/var/run/postgresql",
-                    "-p",
-                    str(port),
-                    "-qc",
-                    sql,
-                ],
-                check=True,
-                capture_output=True,
-            )
-        url = f"postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql&port={port}"
+    with socket_cluster("bcmbench") as url:
         for _ in range(runs):
             with schema(url) as db:
                 heads = Heads(
@@ -201,8 +171,6 @@ def vip_failover(work: Path, lease: float, runs: int, rise: int = 1) -> list[flo
                     times.append(time.monotonic() - t0)
                 finally:
                     heads.down()
-    finally:
-        subprocess.run(["pg_dropcluster", "--stop", "15", name], capture_output=True, check=False)
     return times
 
 

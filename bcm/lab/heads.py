@@ -105,6 +105,47 @@ vrrp_instance VI {{
 """
 
 
+@contextmanager
+def socket_cluster(prefix: str = "bcmheads", version: str = "15") -> Iterator[str]:
+    """A PostgreSQL cluster of its own for a drill (Debian's pg_createcluster on a free port), trusted on its
+    socket, which every head namespace sees; role and database ``bcm``. Dropped on exit. Yields the URL."""
+    import uuid
+
+    from bcm.devserver import free_port
+
+    def run(*argv: str) -> None:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise LabError(f"{' '.join(argv[:6])}: {done.stderr.strip()[-500:]}")
+
+    name, port = f"{prefix}{uuid.uuid4().hex[:6]}", free_port()
+    run("pg_createcluster", version, name, "-p", str(port), "--start-conf", "manual")
+    try:
+        Path(f"/etc/postgresql/{version}/{name}/pg_hba.conf").write_text(
+            "local all all trust\nhost all all 127.0.0.1/32 trust\n"
+        )
+        run("pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start")
+        psql = [
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            "psql",
+            "-h",
+            "/var/run/postgresql",
+            "-p",
+            str(port),
+            "-qc",
+        ]
+        for sql in ("CREATE ROLE bcm LOGIN SUPERUSER", "CREATE DATABASE bcm OWNER bcm"):
+            run(*psql, sql)
+        yield f"postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql&port={port}"
+    finally:
+        subprocess.run(
+            ["pg_dropcluster", "--stop", version, name], capture_output=True, timeout=120, check=False
+        )
+
+
 def check_database_url(url: str | None, subnet: str = DEFAULT_SUBNET) -> str:
     """The URL if every head can share it; else a LabError saying what to give instead (no I/O)."""
     if not url:

@@ -23,21 +23,14 @@ from typing import Any
 import httpx
 import pytest
 
-from bcm.devserver import free_port
 from bcm.lab import net, procs
+from bcm.lab.heads import socket_cluster
 from tests.faults.test_ha_servers import wait_for as shared_wait_for
 
 pytestmark = pytest.mark.lab
 LEASE_S = 2.0  # bcm.lab.heads' lease
 WAIT_S = 90.0
-HBA = "local all all trust\nhost all all 127.0.0.1/32 trust\n"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(*argv: str) -> str:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, f"{' '.join(argv)}: {proc.stderr[-1500:]}"
-    return proc.stdout
 
 
 @pytest.fixture
@@ -47,30 +40,8 @@ def socket_db() -> Iterator[str]:
         shutil.which(t) for t in ("pg_createcluster", "keepalived", "curl", "ip")
     ):
         pytest.skip("needs root, pg_createcluster, keepalived, curl and ip")
-    name, port = f"bcmheads{uuid.uuid4().hex[:6]}", free_port()
-    _run("pg_createcluster", "15", name, "-p", str(port), "--start-conf", "manual")
-    try:
-        Path(f"/etc/postgresql/15/{name}/pg_hba.conf").write_text(HBA)
-        _run("pg_ctlcluster", "--skip-systemctl-redirect", "15", name, "start")
-        for sql in ("CREATE ROLE bcm LOGIN SUPERUSER", "CREATE DATABASE bcm OWNER bcm"):
-            _run(
-                "runuser",
-                "-u",
-                "postgres",
-                "--",
-                "psql",
-                "-h",
-                "/var/run/postgresql",
-                "-p",
-                str(port),
-                "-c",
-                sql,
-            )
-        yield f"postgresql+psycopg://bcm@/bcm?host=/var/run/postgresql&port={port}"
-    finally:
-        subprocess.run(
-            ["pg_dropcluster", "--stop", "15", name], capture_output=True, timeout=120, check=False
-        )
+    with socket_cluster() as url:
+        yield url
 
 
 def bcm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
