@@ -557,8 +557,11 @@ def _user(attempt: _Attempt) -> str:
 
 
 _INSTALL_KEY_SCRIPT = (
-    "umask 077; key=$(cat); mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
-    'grep -qxF -- "$key" ~/.ssh/authorized_keys || printf \'%s\\n\' "$key" >> ~/.ssh/authorized_keys'
+    # Two sessions may add the same key to one file at once (two names for one host, two trust runs):
+    # the check and the append happen under flock on the file, where the host has flock (util-linux).
+    "umask 077; key=$(cat); mkdir -p ~/.ssh && exec 9>>~/.ssh/authorized_keys && "
+    "{ if command -v flock >/dev/null 2>&1; then flock -w 30 9; fi; } && "
+    '{ grep -qxF -- "$key" ~/.ssh/authorized_keys || printf \'%s\\n\' "$key" >&9; }'
 )
 
 

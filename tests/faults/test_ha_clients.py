@@ -98,16 +98,19 @@ class Prober:
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.limit_s
-        with httpx.Client(base_url=self.server.url, timeout=30) as c:
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                t0 = time.monotonic()
-                try:
-                    status = c.get("/healthz").status_code
-                except httpx.HTTPError as exc:
-                    status = 599
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                self.answers.append((status, time.monotonic() - t0))
-                self.stop.wait(PROBE_EVERY_S)
+        # A new connection per probe, as a load balancer's or keepalived's check makes: with a kept-alive
+        # one, a prober thread starved of the GIL by the 200 clients for uvicorn's keep-alive time (5 s)
+        # sends on a connection the server has just closed and reads "Server disconnected" -- a race
+        # of the client's connection reuse, not an answer of the server.
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            try:
+                status = httpx.get(f"{self.server.url}/healthz", timeout=30).status_code
+            except httpx.HTTPError as exc:
+                status = 599
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.answers.append((status, time.monotonic() - t0))
+            self.stop.wait(PROBE_EVERY_S)
 
     def figures(self) -> str:
         times = sorted(t for _, t in self.answers)
