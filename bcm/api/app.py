@@ -91,8 +91,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         app.state.dhcp = None
         app.state.provisioner = provision.Provisioner(engine, settings, app.state.runner, None)
         app.state.runner.provisioner = app.state.provisioner
+        from bcm.workers.deltas import Deltas
         from bcm.workers.leader import Leadership
 
+        app.state.deltas = Deltas()  # auto installs' image deltas, off the request pool (#30)
         # the leader runs dnsmasq, the provisioning queue, health drains, WLM sync, the power poll and
         # pruning (a lone server leads from its first request on); every server the API, boot files, ingest
         app.state.ha = Leadership(app)
@@ -109,6 +111,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
                     ),  # dnsmasq, provisioning, health, WLM sync, polls; the lease
                     ("health ingest", app.state.ingest.stop),  # taken reports are written, new ones get a 503
                     ("provisioner", app.state.provisioner.stop),
+                    ("image deltas", app.state.deltas.stop),
                     ("operations", app.state.runner.shutdown),
                     ("readiness probe", app.state.readiness.close),
                 ]

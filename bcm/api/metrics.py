@@ -140,16 +140,21 @@ class BootCollector(Collector):
             "bcm_boot_artifact_aborted", "Boot-artifact downloads cut short (client gone or stalled)."
         )
         aborted.add_metric([], float(pathsend.stats.aborted))
-        from bcm.api.boot.images import FETCHES
+        from bcm.api.boot.images import DELTA_BYTES, FETCHES
 
         fetches = CounterMetricFamily(
             "bcm_boot_artifact_fetches",
-            "Boot-artifact downloads started, by kind (kernel, initramfs, rootfs).",
+            "Boot-artifact downloads started, by kind (kernel, initramfs, rootfs; delta: an auto install's changes).",
             labels=["kind"],
         )
-        for kind in ("kernel", "initramfs", "rootfs"):
+        for kind in ("kernel", "initramfs", "rootfs", "delta"):
             fetches.add_metric([kind], float(FETCHES[kind]))
-        yield from (sent, aborted, fetches)
+        delta_bytes = CounterMetricFamily(
+            "bcm_image_delta_bytes",
+            "Bytes of auto-install deltas sent: what an image sync moved over the wire.",
+        )
+        delta_bytes.add_metric([], float(DELTA_BYTES[0]))
+        yield from (sent, aborted, fetches, delta_bytes)
 
 
 class IngestCollector(Collector):

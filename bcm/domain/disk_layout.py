@@ -318,6 +318,13 @@ def partition_device(device: str, number: int) -> str:
 # ---- the plan the image's init runs ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DeltaPlan:
+    from_image: str  # "disk:1": what the disk must hold for the delta to apply
+    url: str
+    initrd_sha256: str  # the new version's initramfs: fetched for /boot/bcm/ only where it differs
+
+
 def render_plan(
     layout: DiskLayout,
     chosen: list[ChosenDisk],
@@ -326,6 +333,7 @@ def render_plan(
     image: str,
     server_url: str,
     mac: str,
+    delta: DeltaPlan | None = None,
 ) -> str:
     """The install as a POSIX shell script for the image's init (templates/image/init sources it). It uses
     the helpers init defines: ``T`` (run a tool of the fetched image: chroot), ``fail`` and ``report``.
@@ -339,6 +347,12 @@ def render_plan(
         f"BCM_IMAGE={q(image)}",
         f"BCM_LAYOUT={q(layout_hash(layout))}",
     ]
+    if delta is not None:  # an `auto` sync that fetches only what changed since the disk's version
+        lines += [
+            f"BCM_DELTA_FROM={q(delta.from_image)}",
+            f"BCM_DELTA_URL={q(delta.url)}",
+            f"BCM_INITRD_SHA256={q(delta.initrd_sha256)}",
+        ]
     fstab = ["# rendered by bcm: the disk layout " + layout_hash(layout)]
     mkfs: list[str] = []
     root = ""

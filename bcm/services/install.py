@@ -18,6 +18,7 @@ so a power cut during ``full`` installs again at the next boot. A data node refu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -259,6 +260,7 @@ def plan_script(session: Session, settings: Any, node: Node, mac: str) -> str:
         node.name,
         f"{plan.mode} install of {version.name}:{version.version} started: the disk is installing",
     )
+    source = delta_source(session, settings, node) if plan.mode == "auto" else None
     return dl.render_plan(
         layout,
         chosen,
@@ -266,7 +268,98 @@ def plan_script(session: Session, settings: Any, node: Node, mac: str) -> str:
         image=f"{version.name}:{version.version}",
         server_url=pxe.server_url(settings),
         mac=mac,
+        delta=(
+            dl.DeltaPlan(
+                from_image=source.from_image,
+                url=f"{pxe.server_url(settings)}/boot/v1/install/{mac}/delta",
+                initrd_sha256=source.initrd_sha256,
+            )
+            if source is not None
+            else None
+        ),
     )
+
+
+@dataclass(frozen=True)
+class DeltaSource:
+    """An `auto` install that can sync by the changed files alone: the disk holds ``from_image`` (bcm's
+    record; the init checks the disk's own), the node gets ``to_image``."""
+
+    from_image: str
+    to_image: str
+    old_rootfs: Path
+    new_rootfs: Path
+    out: Path
+    skip: tuple[str, ...]
+    initrd_sha256: str
+
+
+def delta_source(session: Session, settings: Any, node: Node) -> DeltaSource | None:
+    """None where the disk's image is not an older ready version of the one the node gets (another image,
+    the same version, a version pruned since): the init then fetches the whole root image and syncs from it."""
+    from bcm.drivers import imagedelta
+    from bcm.services import images as image_svc
+    from bcm.services import pxe
+
+    if not node.installed_image or ":" not in node.installed_image:
+        return None
+    name, from_version = node.installed_image.rsplit(":", 1)
+    image_name, _, _ = pxe.effective_image(session, node)
+    new = pxe._ready_version(session, image_name) if image_name == name else None
+    if new is None or new.version == from_version:
+        return None
+    try:
+        old = image_svc.get(session, name, from_version)
+    except NotFound:
+        return None
+    if old.state != "ready":
+        return None
+    files = {}
+    for row in (old, new):
+        arts = {a.kind: a for a in image_svc.artifacts(session, row)}
+        if "rootfs" not in arts or "initramfs" not in arts:
+            return None
+        files[row.version] = arts
+    old_rootfs = (
+        image_svc.version_dir(settings.images_dir, name, old.version) / files[old.version]["rootfs"].filename
+    )
+    new_rootfs = (
+        image_svc.version_dir(settings.images_dir, name, new.version) / files[new.version]["rootfs"].filename
+    )
+    if not (old_rootfs.is_file() and new_rootfs.is_file()):
+        return None
+    layout = layout_of(category_of(session, node))
+    # the layout's other filesystems are the node's (data, scratch): a sync of the root never reaches them
+    mounts = (
+        sorted(
+            {p.mount for d in layout.disks for p in d.partitions if p.mount and p.mount != "/"}
+            | {a.mount for a in layout.raid if a.mount and a.mount != "/"}
+        )
+        if layout is not None
+        else []
+    )
+    key = dl.layout_hash(layout) if layout is not None else "none"
+    return DeltaSource(
+        from_image=node.installed_image,
+        to_image=f"{name}:{new.version}",
+        old_rootfs=old_rootfs,
+        new_rootfs=new_rootfs,
+        out=image_svc.version_dir(settings.images_dir, name, new.version)
+        / "delta"
+        / f"from-{old.version}-{key}.tar.gz",
+        skip=(*imagedelta.SKIP, *mounts),
+        initrd_sha256=files[new.version]["initramfs"].sha256,
+    )
+
+
+def delta_for(session: Session, settings: Any, node: Node) -> DeltaSource:
+    """The delta the init asks for after its plan: only during an `auto` install with a source (else 409)."""
+    if node.install_state != "installing" or effective_mode(node, category_of(session, node)) != "auto":
+        raise Conflict(f"node {node.name} has no auto install in progress: no delta")
+    source = delta_source(session, settings, node)
+    if source is None:
+        raise Conflict(f"node {node.name}: no older ready version of its image on its disk: no delta")
+    return source
 
 
 def installed(

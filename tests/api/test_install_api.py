@@ -351,3 +351,135 @@ def test_metrics_count_artifact_fetches(api: TestClient, engine: Any, settings: 
     assert api.head("/boot/v1/images/img/1/rootfs.squashfs", headers=NO_AUTH).status_code == 200
     after = {k: fetched(k) for k in ("kernel", "initramfs", "rootfs")}
     assert after == {**before, "kernel": before["kernel"] + 1}
+
+
+def publish_tree(engine: Any, settings: Any, tree: Any, name: str = "img") -> str:
+    """Publish the next version of ``name`` with ``tree`` as its root image (a real squashfs)."""
+    import hashlib
+    import subprocess
+
+    from sqlmodel import Session
+
+    from bcm.drivers import imagebuild
+    from bcm.services import images as image_svc
+
+    with Session(engine) as s:
+        image = image_svc.begin_build(s, name, None, "test")
+        staging = image_svc.staging_dir(settings.images_dir, name, image.version, 1)
+        staging.mkdir(parents=True)
+        subprocess.run(
+            [
+                "mksquashfs",
+                str(tree),
+                str(staging / "rootfs.squashfs"),
+                "-quiet",
+                "-no-progress",
+                "-noappend",
+            ],
+            check=True,
+        )
+        (staging / "vmlinuz").write_bytes(b"kernel")
+        (staging / "initramfs.img").write_bytes(b"initramfs")
+        found = [
+            imagebuild.Artifact(
+                kind,
+                fn,
+                (staging / fn).stat().st_size,
+                hashlib.sha256((staging / fn).read_bytes()).hexdigest(),
+            )
+            for kind, fn in (
+                ("kernel", "vmlinuz"),
+                ("initramfs", "initramfs.img"),
+                ("rootfs", "rootfs.squashfs"),
+            )
+        ]
+        image_svc.publish(s, image, staging, settings.images_dir, found, {}, 3)
+        s.commit()
+        return image.version
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="image deltas unpack root images as root")
+def test_an_auto_install_onto_an_older_version_fetches_only_the_changes(
+    api: TestClient,
+    engine: Any,
+    settings: Any,
+    tmp_path: Any,
+    bmcs: dict[str, Any],  # noqa: F811
+) -> None:
+    import io
+    import re
+    import tarfile
+
+    from bcm.drivers.imagedelta import REMOVED
+
+    tree = tmp_path / "tree"
+    (tree / "usr/bin").mkdir(parents=True)
+    (tree / "usr/bin/big").write_bytes(b"\x01" * 300_000)
+    (tree / "etc").mkdir()
+    (tree / "etc/app.conf").write_text("v1\n")
+    assert publish_tree(engine, settings, tree) == "1"
+    assert api.post("/api/v1/categories", json={"name": "disk", "image": "img"}).status_code == 201
+    assert put_cat(api, {"install_mode": "full", "disk_layout": LAYOUT}).status_code == 200
+    add_with_bmc(api, "n01", MAC, bmcs["ipmi"], category="disk")
+    provision(api, "n01")
+    purpose, text = script(api, MAC)
+    auth = {"Authorization": f"Bearer {token_of(text)}"}
+    plan = api.get(f"/boot/v1/install/{MAC}", headers=auth).text
+    assert "BCM_DELTA" not in plan  # a full install: nothing on the disk to start from
+    layout_hash = next(line.split("=", 1)[1] for line in plan.splitlines() if line.startswith("BCM_LAYOUT="))
+    done = {"mac": MAC, "image": "img:1", "layout": layout_hash, "mode": "full", "bytes_written": 300_000}
+    assert api.post("/boot/v1/installed", json=done, headers=auth).status_code == 200
+    assert api.post("/boot/v1/hello", json={"mac": MAC}, headers=auth).status_code == 200
+
+    # the same version again in auto: nothing to send (the init syncs as before), and no delta to ask for
+    assert api.put("/api/v1/nodes/n01/install", json={"install_mode": "auto"}).status_code == 200
+    provision(api, "n01")
+    purpose, text = script(api, MAC)
+    auth = {"Authorization": f"Bearer {token_of(text)}"}
+    assert "BCM_DELTA" not in api.get(f"/boot/v1/install/{MAC}", headers=auth).text
+    r = api.get(f"/boot/v1/install/{MAC}/delta", headers=auth)
+    assert r.status_code == 409 and "no older ready version" in r.json()["message"], r.text
+    assert api.post("/boot/v1/installed", json={**done, "mode": "auto"}, headers=auth).status_code == 200
+    assert api.post("/boot/v1/hello", json={"mac": MAC}, headers=auth).status_code == 200
+
+    # version 2 changes one small file: the plan names the delta, which holds that file alone
+    (tree / "etc/app.conf").write_text("v2\n")
+    assert publish_tree(engine, settings, tree) == "2"
+    provision(api, "n01")
+    purpose, text = script(api, MAC)
+    assert purpose == "install"
+    auth = {"Authorization": f"Bearer {token_of(text)}"}
+    plan = api.get(f"/boot/v1/install/{MAC}", headers=auth).text
+    assert "BCM_MODE=auto" in plan and "BCM_DELTA_FROM=img:1" in plan, plan
+    assert re.search(rf"^BCM_DELTA_URL=\S+/boot/v1/install/{MAC}/delta$", plan, re.MULTILINE), plan
+    initrd_sha = __import__("hashlib").sha256(b"initramfs").hexdigest()
+    assert f"BCM_INITRD_SHA256={initrd_sha}" in plan
+
+    def delta_metrics() -> tuple[float, float]:
+        text = api.get("/metrics").text
+        fetches = re.search(r'bcm_boot_artifact_fetches_total\{kind="delta"\} (\S+)', text)
+        sent = re.search(r"^bcm_image_delta_bytes_total (\S+)$", text, re.MULTILINE)
+        assert fetches and sent, text[-2000:]
+        return float(fetches.group(1)), float(sent.group(1))
+
+    before = delta_metrics()
+    assert api.get(f"/boot/v1/install/{MAC}/delta", headers=NO_AUTH).status_code == 401
+    assert (
+        api.get(
+            f"/boot/v1/install/{MAC}/delta", headers={"Authorization": "Bearer bcmboot_" + "x" * 43}
+        ).status_code
+        == 401
+    )
+    r = api.get(f"/boot/v1/install/{MAC}/delta", headers=auth)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/gzip", r.text[:300]
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        assert tar.getnames() == [REMOVED, "etc/app.conf"]
+        assert tar.extractfile("etc/app.conf").read() == b"v2\n"  # type: ignore[union-attr]
+    assert len(r.content) < 10_000  # the 300 kB binary stayed home
+    after = delta_metrics()
+    assert after == (before[0] + 1, before[1] + len(r.content))
+    again = api.get(f"/boot/v1/install/{MAC}/delta", headers=auth)  # the one build, kept beside version 2
+    assert again.status_code == 200 and again.content == r.content
+    assert list((settings.images_dir / "img" / "2" / "delta").iterdir()) == [
+        settings.images_dir / "img" / "2" / "delta" / f"from-1-{layout_hash}.tar.gz"
+    ]

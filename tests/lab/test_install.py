@@ -8,7 +8,10 @@ with `install --mode full` and a disk layout, `bcm lab up --vms 1 --disk 8G`, `b
 2. a layout bigger than the disk its SSH inventory found: a 422 naming the partition, before anything runs;
 3. `nosync`, `bcm node reimage --wait`: iPXE's ``local`` purpose boots the disk (GRUB, bcm's initramfs mounts the
    root): the system calls back with its stored agent token, and bcm's /metrics count no kernel, initramfs or root
-   image fetched for that boot.
+   image fetched for that boot;
+4. `auto` onto version 2 of the image (the recipe, copied under ``BCM_IMAGES__RECIPES_DIR``, adds one file):
+   the initramfs fetches only the delta (kilobytes, counted in /metrics), not the root image, applies it with
+   busybox and boots the disk's version 2, where the new file is (SSH with bcm's key, the pinned host key).
 
 The data node's refusal and the plan/report protocol are in tests/api/test_install_api.py (API level).
 Run under `flock /tmp/bcm-lab.lock` (fixed lab name and subnet).
@@ -18,12 +21,17 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sqlite3
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from bcm.devserver import REPO
 from tests.lab.test_health_e2e import until
-from tests.lab.test_zero_touch import Flow, flow  # noqa: F401 - fixture
+from tests.lab.test_zero_touch import Flow, flow_at
 
 pytestmark = pytest.mark.lab
 
@@ -38,17 +46,78 @@ disks:
 TOO_BIG = LAYOUT.replace("size: 256M", "size: 5G")
 
 
-def fetches(f: Flow) -> dict[str, float]:
-    """bcm's boot-artifact downloads so far, by kind (/metrics, with the admin token)."""
-    out = subprocess.run(
+CHANGED = """\
+files:
+  - path: /etc/bcm-lab-changed
+    content: |
+      the one file version 2 of the disk image adds
+"""
+
+
+@pytest.fixture
+def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
+    """tests/lab/test_zero_touch.py's flow, its server reading recipes from a copy of images/
+    (``BCM_IMAGES__RECIPES_DIR``, as a site that changes a recipe does)."""
+    recipes = tmp_path / "recipes"
+    shutil.copytree(REPO / "images", recipes)
+    with flow_at(tmp_path, {"BCM_IMAGES__RECIPES_DIR": str(recipes)}) as f:
+        yield f
+
+
+def metrics(f: Flow) -> str:
+    return subprocess.run(
         ["curl", "-sf", "-H", f"Authorization: Bearer {f.server.token()}", f"{f.server.url}/metrics"],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     ).stdout
-    found = dict(re.findall(r'^bcm_boot_artifact_fetches_total\{kind="(\w+)"\} (\S+)$', out, re.MULTILINE))
+
+
+def fetches(f: Flow) -> dict[str, float]:
+    """bcm's boot-artifact downloads so far, by kind (/metrics, with the admin token)."""
+    found = dict(
+        re.findall(r'^bcm_boot_artifact_fetches_total\{kind="(\w+)"\} (\S+)$', metrics(f), re.MULTILINE)
+    )
     return {k: float(v) for k, v in found.items()}
+
+
+def delta_bytes(f: Flow) -> float:
+    m = re.search(r"^bcm_image_delta_bytes_total (\S+)$", metrics(f), re.MULTILINE)
+    assert m, "bcm_image_delta_bytes_total is not in /metrics"
+    return float(m.group(1))
+
+
+def ssh_vm(f: Flow, command: str) -> str:
+    """``command`` on vm01 over SSH with bcm's key, its host key the one bcm pinned."""
+    with sqlite3.connect(f.server.state_dir / "bcm.db") as db:
+        pin = db.execute("SELECT ssh_host_key FROM node WHERE name = 'vm01'").fetchone()[0]
+    ip = f.json("node", "show", "vm01")["interfaces"][0]["ip"]
+    known = f.work / "kh-vm01"
+    known.write_text(f"{ip} {pin}\n")
+    done = subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(f.server.state_dir / "ssh" / "id_ed25519"),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "ConnectTimeout=10",
+            f"root@{ip}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def serial(f: Flow) -> str:
@@ -118,3 +187,34 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
         console
     )
     print(json.dumps({k: node[k] for k in ("installed_image", "install_bytes", "booted_from")}))
+
+    # auto onto a new version of the image that adds one file: only the changes cross the wire (a delta of
+    # kilobytes, counted in /metrics); neither the root image nor a chroot is needed; the disk boots version 2
+    recipe = f.server.state_dir.parent / "recipes" / "disk.yaml"
+    recipe.write_text(recipe.read_text() + CHANGED)
+    f.sh(".venv/bin/bcm image build disk")
+    new_version = f.json("image", "show", "disk")["version"]
+    assert new_version != version
+    before, sent_before = fetches(f), delta_bytes(f)
+    f.sh(".venv/bin/bcm node install vm01 --mode auto")
+    try:
+        f.sh(".venv/bin/bcm node reimage vm01 --wait --timeout 1800")
+    except BaseException:
+        print(serial(f))
+        raise
+    f.sh(".venv/bin/bcm node wait vm01 --state booted --inventoried --idle --timeout 600")
+    node = f.json("node", "show", "vm01")
+    console = serial(f)
+    assert (node["installed_image"], node["booted_from"], node["booted_image"]) == (
+        f"disk:{new_version}",
+        "disk",
+        f"disk:{new_version}",
+    ), node
+    after, sent = fetches(f), delta_bytes(f) - sent_before
+    assert after["rootfs"] == before["rootfs"], (before, after)  # the root image did not cross the wire
+    assert after["delta"] == before["delta"] + 1, (before, after)
+    assert 0 < sent < 1 << 20 and node["install_bytes"] == sent, (sent, node["install_bytes"])
+    assert "bcm-init: auto: applied" in console and "bcm-init: fetching http" not in console, console
+    assert ssh_vm(f, "cat /etc/bcm-lab-changed") == "the one file version 2 of the disk image adds\n"
+    assert f"image=disk:{new_version}" in ssh_vm(f, "cat /etc/bcm-installed")
+    print(f"auto disk:{version} → disk:{new_version}: {sent:.0f} bytes over the wire")

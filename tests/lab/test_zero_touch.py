@@ -15,6 +15,7 @@ tests/lab/test_readme.py; this test replaced tests/lab/test_pxe.py, which booted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,7 +104,15 @@ def dnsmasq_dies_and_comes_back(flow: Flow) -> None:
 
 @pytest.fixture
 def flow(tmp_path: Path, lab_required: None) -> Iterator[Flow]:
-    server = Server(tmp_path / "state", host="0.0.0.0")
+    with flow_at(tmp_path) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def flow_at(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[Flow]:
+    """A `bcm serve` on a fresh state directory and a work directory whose `.venv/bin/bcm` is this bcm; at
+    the end PXE off, the lab down, the server stopped, the transcript kept beside them."""
+    server = Server(tmp_path / "state", host="0.0.0.0", extra_env=extra_env or {})
     work = tmp_path / "work"
     work.mkdir()
     (work / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/bcm` is this environment's bcm

@@ -33,6 +33,8 @@ from bcm.settings import Settings
 router = APIRouter(prefix="/boot/v1/images", tags=["boot"])
 # artifact downloads this process started, by kind (kernel, initramfs, rootfs): bcm_boot_artifact_fetches_total
 FETCHES: collections.Counter[str] = collections.Counter()
+# bytes of `auto` install deltas sent (#30: what crosses the wire for a sync): bcm_image_delta_bytes_total
+DELTA_BYTES = [0]
 Version = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")]
 Filename = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 

@@ -25,7 +25,7 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Request, status
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import FileResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from bcm.api.boot.agent import bearer_present, capped_body
@@ -33,7 +33,7 @@ from bcm.api.deps import bearer
 from bcm.db import session_scope
 from bcm.domain.naming import normalize_mac
 from bcm.drivers import dnsmasq
-from bcm.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from bcm.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from bcm.models.pxe import (
     BootFailure,
     DiscoveryAccepted,
@@ -43,6 +43,7 @@ from bcm.models.pxe import (
     HelloRequest,
     InstallDone,
 )
+from bcm.services import events
 from bcm.services import install as install_svc
 from bcm.services import pxe as svc
 
@@ -219,6 +220,59 @@ async def install_plan(mac: MacPath, request: Request) -> PlainTextResponse:
     return PlainTextResponse(
         text, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-store"}
     )
+
+
+@router.get(
+    "/install/{mac}/delta",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/gzip": {}}},
+        409: {"description": "no delta: sync from the root image"},
+    },
+    dependencies=[Depends(bearer_present)],
+)
+async def install_delta(mac: MacPath, request: Request) -> Response:
+    """An `auto` install's changes since the version on the node's disk (a gzip'd tar and the paths to remove),
+    for the holder of the boot's token only; built once per pair of versions and layout, off the request path."""
+    from bcm.api.boot.images import DELTA_BYTES, FETCHES
+    from bcm.drivers.imagedelta import DeltaError
+    from bcm.workers.deltas import DeltaJob, Deltas
+
+    address = normalize_mac(mac)
+    engine, settings = request.app.state.engine, request.app.state.settings
+    token, peer = bearer(request), _peer(request)
+
+    def work() -> tuple[str, DeltaJob]:
+        with session_scope(engine) as session:
+            node, _ = svc.check_boot_token(session, address, token, peer)
+            src = install_svc.delta_for(session, settings, node)
+            what = f"{src.from_image} → {src.to_image}"
+            return node.name, DeltaJob(src.old_rootfs, src.new_rootfs, src.out, src.skip, what)
+
+    name, job = await _braked(request, peer, work)
+    if getattr(request.app.state, "deltas", None) is None:
+        request.app.state.deltas = Deltas()
+    try:
+        delta = await request.app.state.deltas.get(job)
+    except DeltaError as exc:
+        why = str(exc)
+
+        def note() -> None:
+            with session_scope(engine) as session:
+                events.record(
+                    session,
+                    install_svc.ACTOR,
+                    "node.install",
+                    name,
+                    f"no delta {job.what}: {why}",
+                    severity="warning",
+                )
+
+        await anyio.to_thread.run_sync(note)
+        raise Conflict(f"no delta {job.what}: {why}") from None
+    FETCHES["delta"] += 1
+    DELTA_BYTES[0] += delta.size
+    return FileResponse(delta.path, media_type="application/gzip", headers={"Cache-Control": "no-store"})
 
 
 @router.post("/installed", dependencies=[Depends(bearer_present)])
