@@ -6,8 +6,8 @@ directory, the `disk` image, a category with `install --mode full` and an 8 GiB 
 
   full:      `bcm node provision --wait`: partition, mkfs, copy the whole image, GRUB, boot the disk;
   auto:      a second version of the image with one file changed (a recipe copy with one more `files:` entry,
-             under a temporary BCM_IMAGES__RECIPES_DIR), `--next auto`, `bcm node reimage --wait`: bytes written
-             (the installer's rsync count, `install_bytes`) and time;
+             under a temporary BCM_IMAGES__RECIPES_DIR), `--next auto`, `bcm node reimage --wait`: the delta's
+             bytes, all that crossed the wire for the sync (`install_bytes`), and time;
   stateless: `--mode stateless`, `bcm node reimage --wait`: the image in RAM, as before #30.
 
 Prints the three times, the bytes of the full install and of the auto sync, and the ratios; asserts nothing.
@@ -115,7 +115,8 @@ def main() -> None:
         f"full install  {full_s:8.1f} s  {full['install_bytes']} bytes written  (booted from {full['booted_from']})"
     )
     print(
-        f"auto resync   {auto_s:8.1f} s  {auto['install_bytes']} bytes written  (booted from {auto['booted_from']})"
+        f"auto resync   {auto_s:8.1f} s  {auto['install_bytes']} bytes of delta over the wire"
+        f"  (booted from {auto['booted_from']})"
     )
     print(f"stateless     {stateless_s:8.1f} s  (booted from {stateless['booted_from']})")
     print(f"full / stateless = {full_s / stateless_s:.2f}x; auto / stateless = {auto_s / stateless_s:.2f}x")

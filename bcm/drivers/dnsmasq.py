@@ -155,17 +155,20 @@ def write_hosts(hosts_dir: Path, entries: list[tuple[str, str | None, str]]) -> 
     return written, removed
 
 
-def leased_address(leases: Path, mac: str) -> str | None:
-    """The address dnsmasq's lease file gives ``mac`` (``expiry mac ip name client-id`` lines), if any."""
+def leased_addresses(leases: Path, mac: str) -> tuple[str, ...]:
+    """The addresses dnsmasq's lease file gives ``mac`` (``expiry mac ip name client-id`` lines). One MAC can
+    hold several: dnsmasq keys a lease by the client's identifier where it sends one, so iPXE (none) and the
+    installed system's DHCP client (a DUID) each have their own lease for the same NIC."""
     try:
         lines = leases.read_text().splitlines()[:100_000]
     except FileNotFoundError:
-        return None
+        return ()
+    found = []
     for line in lines:
         parts = line.split()
-        if len(parts) >= 3 and parts[1].lower() == mac:
-            return parts[2]
-    return None
+        if len(parts) >= 3 and parts[1].lower() == mac and parts[2] not in found:
+            found.append(parts[2])
+    return tuple(found)
 
 
 def prepare_tftp(ipxe_dir: Path, tftp: Path) -> None:

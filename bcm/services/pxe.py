@@ -200,13 +200,13 @@ def boot_script(
     mac: str,
     *,
     peer: str | None = None,
-    leased: str | None = None,
+    leased: tuple[str, ...] = (),
     check_lease: bool = False,
 ) -> BootScript:
     """The iPXE script for the machine that booted from ``mac`` (the caller commits: tokens, events).
 
-    With ``check_lease`` (bcm's own DHCP), a script with a boot token is answered only to ``leased``, the
-    address dnsmasq gave that MAC; in any mode only to the address the attempt is bound to (the first one
+    With ``check_lease`` (bcm's own DHCP), a script with a boot token is answered only to one of ``leased``,
+    the addresses dnsmasq gave that MAC (iPXE's, and an installed system's own DHCP client's); in any mode only to the address the attempt is bound to (the first one
     that fetched it): someone who merely knows a provisioning node's MAC gets no token."""
     node = node_by_mac(session, mac)
     if node is None or node.provision_state == State.DISCOVERED.value:
@@ -236,13 +236,13 @@ def boot_script(
         found = _artifact_urls(session, settings, image)
     except NotFound as exc:
         return _no_image(session, node, exc.message)
-    if check_lease and (leased is None or peer != leased):
+    if check_lease and peer not in leased:
         return _refused(
             session,
             node,
             mac,
             peer,
-            f"{mac} has {'no lease' if leased is None else 'the lease ' + leased}",
+            f"{mac} has {'the leases ' + ', '.join(leased) if leased else 'no lease'}",
             f"this address is not the one leased to {mac}",
         )
     token, bound = boot_token_for(session, settings, node, mac, peer)

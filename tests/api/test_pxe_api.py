@@ -528,23 +528,36 @@ def test_a_token_goes_only_to_the_address_leased_to_the_mac(
     from bcm.services import pxe
 
     leases = tmp_path / "dnsmasq.leases"
+    # the MAC's two leases: iPXE's (no client identifier) and an installed system's own DHCP client's (a DUID)
     leases.write_text(
-        f"1796304016 {MAC} 198.18.80.133 * 01:{MAC}\n1796304013 52:54:00:aa:00:02 198.18.80.134 * x\n"
+        f"1796304016 {MAC} 198.18.80.133 * *\n1796304013 52:54:00:aa:00:02 198.18.80.134 * x\n"
+        f"1796304019 {MAC} 198.18.80.135 vm01 ff:56:50:4d:98:00:02:00:00:ab:11:0b:1c\n"
     )
-    assert dnsmasq.leased_address(leases, MAC) == "198.18.80.133"
-    assert dnsmasq.leased_address(leases, "52:54:00:aa:00:09") is None
-    assert dnsmasq.leased_address(tmp_path / "none", MAC) is None
+    assert dnsmasq.leased_addresses(leases, MAC) == ("198.18.80.133", "198.18.80.135")
+    assert dnsmasq.leased_addresses(leases, "52:54:00:aa:00:09") == ()
+    assert dnsmasq.leased_addresses(tmp_path / "none", MAC) == ()
     publish_image(engine, settings)
     add_with_bmc(api, "gpu01", MAC, bmcs["ipmi"], image="img")
     assert api.post("/api/v1/nodes/actions/provision", json={"nodes": "gpu01"}).status_code == 200
     provision_op(api, "gpu01")
     with Session(engine) as s:
         other = pxe.boot_script(
-            s, settings, MAC, peer="198.18.80.134", leased="198.18.80.133", check_lease=True
+            s,
+            settings,
+            MAC,
+            peer="198.18.80.134",
+            leased=("198.18.80.133", "198.18.80.135"),
+            check_lease=True,
         )
-        none = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased=None, check_lease=True)
+        none = pxe.boot_script(s, settings, MAC, peer="198.18.80.133", leased=(), check_lease=True)
+        # iPXE asks from its own lease while the installed system's lease is still in the file
         mine = pxe.boot_script(
-            s, settings, MAC, peer="198.18.80.133", leased="198.18.80.133", check_lease=True
+            s,
+            settings,
+            MAC,
+            peer="198.18.80.133",
+            leased=("198.18.80.135", "198.18.80.133"),
+            check_lease=True,
         )
         s.commit()
     assert other.purpose == none.purpose == "refused" and "bcm.token" not in other.text + none.text

@@ -94,7 +94,7 @@ async def ipxe_script(mac: MacPath, request: Request) -> PlainTextResponse:
     dhcp = getattr(request.app.state, "dhcp", None)
     # with bcm's own DHCP, a script that carries a boot token goes only to the address leased to that MAC
     leased = (
-        dnsmasq.leased_address(dhcp.paths.leases, address) if dhcp and settings.pxe.mode == "dhcp" else None
+        dnsmasq.leased_addresses(dhcp.paths.leases, address) if dhcp and settings.pxe.mode == "dhcp" else ()
     )
     peer = _peer(request)
 
