@@ -11,7 +11,8 @@ with `install --mode full` and a disk layout, `bcm lab up --vms 1 --disk 8G`, `b
    image fetched for that boot;
 4. `auto` onto version 2 of the image (the recipe, copied under ``BCM_IMAGES__RECIPES_DIR``, adds one file):
    the initramfs fetches only the delta (kilobytes, counted in /metrics), not the root image, applies it with
-   busybox and boots the disk's version 2, where the new file is (SSH with bcm's key, the pinned host key).
+   busybox and boots the disk's version 2, where the new file is (SSH with bcm's key, the pinned host key);
+5. the node marked a data node: `--mode full` is refused with one line naming `--confirm-wipe`, nothing stored.
 
 The data node's refusal and the plan/report protocol are in tests/api/test_install_api.py (API level).
 Run under `flock /tmp/bcm-lab.lock` (fixed lab name and subnet).
@@ -218,3 +219,24 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     assert ssh_vm(f, "cat /etc/bcm-lab-changed") == "the one file version 2 of the disk image adds\n"
     assert f"image=disk:{new_version}" in ssh_vm(f, "cat /etc/bcm-installed")
     print(f"auto disk:{version} → disk:{new_version}: {sent:.0f} bytes over the wire")
+
+    # a data node: a full install is refused (one line naming the confirmation), nothing stored, nothing booted
+    f.sh(".venv/bin/bcm node install vm01 --data-node")
+    refused = subprocess.run(
+        ["bash", "-c", ".venv/bin/bcm node install vm01 --mode full"],
+        cwd=f.work,
+        env=f.server.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode != 0 and "data node" in refused.stderr and "--confirm-wipe" in refused.stderr, (
+        refused.stderr
+    )
+    settings = f.json("node", "install", "vm01")
+    assert (settings["install_mode"], settings["data_node"], settings["wipe_confirmed"]) == (
+        "auto",
+        True,
+        False,
+    )
