@@ -1,8 +1,10 @@
 """Install to disk on a real qemu VM (#30), through documented commands only: `bcm image build disk`, a category
 with `install --mode full` and a disk layout, `bcm lab up --vms 1 --disk 8G`, `bcm pxe enable`, then
 
+The README's layout and its three blocks of commands for the lab run verbatim, and between them:
+
 1. `bcm node provision`: the VM network-boots, its init partitions the 8 GiB virtio disk (sfdisk from the
-   image), makes ext4 and swap and starts copying the image: the VM is killed there (`bcm lab vm-power cycle
+   image), makes ext4, swap and xfs and starts copying the image: the VM is killed there (`bcm lab vm-power cycle
    --pxe`, the plug pulled); its next boot installs again, writes fstab and GRUB, reports ``installed`` and boots
    the disk's system, which calls back: booted, from disk, the image and version recorded on the disk and in bcm;
 2. a layout bigger than the disk its SSH inventory found: a 422 naming the partition, before anything runs;
@@ -14,7 +16,7 @@ with `install --mode full` and a disk layout, `bcm lab up --vms 1 --disk 8G`, `b
    busybox and boots the disk's version 2, where the new file is (SSH with bcm's key, the pinned host key);
 5. the node marked a data node: `--mode full` is refused with one line naming `--confirm-wipe`, nothing stored.
 
-The data node's refusal and the plan/report protocol are in tests/api/test_install_api.py (API level).
+The data node's confirmation and the plan/report protocol are in tests/api/test_install_api.py (API level).
 Run under `flock /tmp/bcm-lab.lock` (fixed lab name and subnet).
 """
 
@@ -32,18 +34,23 @@ import pytest
 
 from bcm.devserver import REPO
 from tests.lab.test_health_e2e import until
+from tests.lab.test_readme import README
 from tests.lab.test_zero_touch import Flow, flow_at
 
 pytestmark = pytest.mark.lab
 
-LAYOUT = """\
-disks:
-  - path: /dev/vda
-    partitions:
-      - {size: 4G, mount: /}
-      - {size: 256M, fs: swap}
-      - {size: rest, mount: /scratch}
-"""
+README_TEXT = README.read_text()
+# the README's layout.yaml and its three blocks of commands, run here verbatim
+_LAYOUT = re.search(r"^A layout, `layout.yaml`.*?^```yaml\n(.*?)^```", README_TEXT, re.MULTILINE | re.DOTALL)
+LAYOUT = _LAYOUT[1] if _LAYOUT else ""
+BLOCKS = [
+    [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for block in re.findall(
+        r"^<!-- run verbatim by tests/lab/test_install\.py[^\n]*-->\n```sh\n(.*?)^```",
+        README_TEXT,
+        re.MULTILINE | re.DOTALL,
+    )
+]
 TOO_BIG = LAYOUT.replace("size: 256M", "size: 5G")
 
 
@@ -130,17 +137,12 @@ def serial(f: Flow) -> str:
 @pytest.mark.timeout(3600)
 def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None:  # noqa: F811
     f = flow
+    assert len(BLOCKS) == 3 and "size: 256M" in LAYOUT, (BLOCKS, LAYOUT)
     (f.work / "layout.yaml").write_text(LAYOUT)
     (f.work / "big.yaml").write_text(TOO_BIG)
-    f.sh(".venv/bin/bcm image build disk")
-    f.sh(".venv/bin/bcm category add inst --image disk")
-    f.sh(".venv/bin/bcm category install inst --mode full --layout layout.yaml")
-    f.sh(".venv/bin/bcm lab up --nodes 0 --gpus 0 --vms 1 --disk 8G --category inst")
+    for line in BLOCKS[0]:  # image, category, layout, lab, PXE, `node provision vm01`
+        f.sh(line)
     assert (f.server.state_dir / "lab" / "bcmlab" / "vms" / "vm01" / "disk.qcow2").is_file()
-    f.sh(
-        ".venv/bin/bcm pxe enable --interface bcmlab-prov --address 198.18.0.1 --range 198.18.0.100-198.18.0.150"
-    )
-    f.sh(".venv/bin/bcm node provision vm01")
     try:
         # the plug pulled while the image is being copied to the disk: bcm holds the disk for "installing"
         until("the install to copy the image", lambda: "bcm-init: copying" in serial(f), 1200, 2)
@@ -151,16 +153,34 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     except BaseException:
         print(serial(f))
         raise
-    f.sh(".venv/bin/bcm node wait vm01 --state booted --inventoried --idle --timeout 600")
+
+    # the README's next block: show, then nosync: the next provisioning boots the disk as it is, fetching nothing
+    before = fetches(f)
+    for line in BLOCKS[1]:
+        f.sh(line)
     node = f.json("node", "show", "vm01")
     version = f.json("image", "show", "disk")["version"]
     assert (node["install_state"], node["installed_image"]) == ("installed", f"disk:{version}"), node
-    assert (node["booted_from"], node["booted_image"]) == ("disk", node["installed_image"]), node
+    assert (node["provision_state"], node["booted_from"], node["booted_image"]) == (
+        "booted",
+        "disk",
+        node["installed_image"],
+    ), node
     assert node["install_bytes"] and node["install_bytes"] > 100 << 20, (
         node
     )  # the image crossed onto the disk
     disks = {d["name"]: d for d in node["hardware"]["facts"]["disks"]}
     assert disks["vda"]["size_bytes"] == 8 << 30, disks
+    assert fetches(f) == before, (before, fetches(f))
+    # this boot's console: bcm's initramfs mounted the disk's root (GRUB's bcm.disk=) and fetched nothing
+    console = serial(f)
+    assert "booting the system installed on /dev/vda2" in console and "bcm-init: fetching" not in console, (
+        console
+    )
+    f.sh(".venv/bin/bcm node wait vm01 --state booted --inventoried --idle --timeout 600")
+    mounted = ssh_vm(f, "findmnt -n -o FSTYPE /scratch").strip()
+    assert mounted == "xfs", mounted  # the layout's other filesystem, made and mounted
+    print(json.dumps({k: node[k] for k in ("installed_image", "install_bytes", "booted_from")}))
 
     # a layout bigger than the inventoried disk: refused before anything runs, the field named
     done = subprocess.run(
@@ -175,35 +195,19 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     assert done.returncode != 0 and "disk_layout.disks[0].partitions[1].size" in done.stderr, done.stderr
     assert f.json("category", "install", "inst")["disk_layout"]["disks"][0]["partitions"][1]["size"] == "256M"
 
-    # nosync: the next provisioning boots the disk as it is, fetching nothing from bcm
-    before = fetches(f)
-    f.sh(".venv/bin/bcm node install vm01 --mode nosync")
-    f.sh(".venv/bin/bcm node reimage vm01 --wait --timeout 900")
-    node = f.json("node", "show", "vm01")
-    assert (node["provision_state"], node["booted_from"]) == ("booted", "disk"), node
-    assert fetches(f) == before, (before, fetches(f))
-    # this boot's console: bcm's initramfs mounted the disk's root (GRUB's bcm.disk=) and fetched nothing
-    console = serial(f)
-    assert "booting the system installed on /dev/vda2" in console and "bcm-init: fetching" not in console, (
-        console
-    )
-    print(json.dumps({k: node[k] for k in ("installed_image", "install_bytes", "booted_from")}))
-
     # auto onto a new version of the image that adds one file: only the changes cross the wire (a delta of
     # kilobytes, counted in /metrics); neither the root image nor a chroot is needed; the disk boots version 2
     recipe = f.server.state_dir.parent / "recipes" / "disk.yaml"
     recipe.write_text(recipe.read_text() + CHANGED)
-    f.sh(".venv/bin/bcm image build disk")
-    new_version = f.json("image", "show", "disk")["version"]
-    assert new_version != version
     before, sent_before = fetches(f), delta_bytes(f)
-    f.sh(".venv/bin/bcm node install vm01 --mode auto")
     try:
-        f.sh(".venv/bin/bcm node reimage vm01 --wait --timeout 1800")
+        for line in BLOCKS[2]:  # build version 2, --mode auto, reimage, wait; then --data-node
+            f.sh(line)
     except BaseException:
         print(serial(f))
         raise
-    f.sh(".venv/bin/bcm node wait vm01 --state booted --inventoried --idle --timeout 600")
+    new_version = f.json("image", "show", "disk")["version"]
+    assert new_version != version
     node = f.json("node", "show", "vm01")
     console = serial(f)
     assert (node["installed_image"], node["booted_from"], node["booted_image"]) == (
@@ -220,8 +224,7 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     assert f"image=disk:{new_version}" in ssh_vm(f, "cat /etc/bcm-installed")
     print(f"auto disk:{version} → disk:{new_version}: {sent:.0f} bytes over the wire")
 
-    # a data node: a full install is refused (one line naming the confirmation), nothing stored, nothing booted
-    f.sh(".venv/bin/bcm node install vm01 --data-node")
+    # a data node (the README's last line): a full install is refused with one line naming the confirmation
     refused = subprocess.run(
         ["bash", "-c", ".venv/bin/bcm node install vm01 --mode full"],
         cwd=f.work,
