@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from bcm.drivers import imagedelta
 
 log = logging.getLogger("bcm.deltas")
 BUILD_TIMEOUT_S = 900.0
+RETRY_AFTER_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -38,20 +40,33 @@ class Deltas:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcm-delta")
         self._building: dict[Path, asyncio.Future[imagedelta.Delta]] = {}
+        self._failed: dict[Path, tuple[float, str]] = {}  # archive → (when, why) of its last failed build
 
     async def get(self, job: DeltaJob) -> imagedelta.Delta:
-        """The archive, built now if it is not there yet. Raises :class:`imagedelta.DeltaError`."""
+        """The archive, built now if it is not there yet. Raises :class:`imagedelta.DeltaError`; a build that
+        failed is not tried again for ``RETRY_AFTER_S`` (every node of a rack asking gets the same answer at once)."""
         if job.out.is_file():
             return imagedelta.Delta(job.out, -1, -1, job.out.stat().st_size)
         if self._stop.is_set():
             raise imagedelta.DeltaError("the server is shutting down")
+        failed = self._failed.get(job.out)
+        if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER_S:
+            raise imagedelta.DeltaError(failed[1])
         pending = self._building.get(job.out)
         if pending is None:
             loop = asyncio.get_running_loop()
             pending = asyncio.ensure_future(loop.run_in_executor(self._pool, self._build, job))
             self._building[job.out] = pending
-            pending.add_done_callback(lambda _: self._building.pop(job.out, None))
+            pending.add_done_callback(lambda done: self._settled(job.out, done))
         return await asyncio.shield(pending)
+
+    def _settled(self, out: Path, done: asyncio.Future[imagedelta.Delta]) -> None:
+        self._building.pop(out, None)
+        exc = None if done.cancelled() else done.exception()
+        if isinstance(exc, imagedelta.DeltaError):
+            if len(self._failed) >= 1000:  # bounded: the oldest goes
+                self._failed.pop(next(iter(self._failed)))
+            self._failed[out] = (time.monotonic(), str(exc))
 
     def _build(self, job: DeltaJob) -> imagedelta.Delta:
         if job.out.is_file():  # made while this one waited its turn

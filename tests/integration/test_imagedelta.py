@@ -163,3 +163,48 @@ def test_a_broken_root_image_is_a_delta_error_and_leaves_nothing(tmp_path: Path)
     with pytest.raises(imagedelta.DeltaError, match="unsquashfs bad.squashfs"):
         imagedelta.build(good, bad, out)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_the_worker_builds_each_delta_once_and_remembers_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bcm.workers.deltas: nodes asking for one delta at once share one build (the real one, counted); a later
+    ask finds the archive; a failed build answers the next asks at once with its reason instead of unpacking
+    the images again; after stop() nothing new starts."""
+    import asyncio
+
+    from bcm.workers import deltas
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    write(old, "etc/a", "1")
+    write(new, "etc/a", "2")
+    sq_old, sq_new = squash(old, tmp_path / "old.squashfs"), squash(new, tmp_path / "new.squashfs")
+    bad = tmp_path / "bad.squashfs"
+    bad.write_bytes(b"junk" * 100)
+    calls: list[Path] = []
+    real_build = imagedelta.build
+
+    def counted(*args: object, **kw: object) -> imagedelta.Delta:
+        calls.append(args[2])  # type: ignore[arg-type]
+        return real_build(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(imagedelta, "build", counted)
+    good = deltas.DeltaJob(sq_old, sq_new, tmp_path / "d" / "good.tar.gz", imagedelta.SKIP, "1 → 2")
+    broken = deltas.DeltaJob(sq_old, bad, tmp_path / "d" / "bad.tar.gz", imagedelta.SKIP, "1 → bad")
+
+    async def scenario() -> None:
+        worker = deltas.Deltas()
+        try:
+            got = await asyncio.gather(*(worker.get(good) for _ in range(5)))
+            assert len(calls) == 1 and {g.path for g in got} == {good.out} and good.out.is_file()
+            assert (await worker.get(good)).size == good.out.stat().st_size and len(calls) == 1
+            for _ in range(3):
+                with pytest.raises(imagedelta.DeltaError, match="unsquashfs bad.squashfs"):
+                    await worker.get(broken)
+            assert calls.count(broken.out) == 1  # remembered, not unpacked again
+        finally:
+            await worker.stop()
+        with pytest.raises(imagedelta.DeltaError, match="shutting down"):
+            await worker.get(deltas.DeltaJob(sq_new, sq_old, tmp_path / "d" / "other.tar.gz", (), "2 → 1"))
+
+    asyncio.run(scenario())
