@@ -44,6 +44,7 @@ wget() {{ out=""; while [ $# -gt 0 ]; do case "$1" in -O) out="$2"; shift 2;; *)
   case "$last" in *plan*) cp {work}/plan "$out";; *initrd*) cp {image}/initramfs.img "$out";; *) return 1;; esac; }}
 install_url=http://bcm/plan; initrd_url=http://bcm/initrd; overlay_url=""; server_url=http://bcm; token=t
 boot_mac=52:54:00:1a:00:01
+rm -f {work}/image/plan  # each boot's /image is a new tmpfs: no plan of an earlier boot
 . {work}/installer.sh
 post_json() {{ echo "POST $1 $2"; }}
 install_disk
