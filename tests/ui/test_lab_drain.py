@@ -83,10 +83,15 @@ def test_operator_drains_a_lab_node_from_the_nodes_page_and_slurm_drains_it(
 
     # the GPU charts on the node's page, drawn from what the lab agent reported
     uuid = run.http.get(f"/api/v1/nodes/{node}/gpus").json()[0]["uuid"]
-    history = until(
-        "the lab agent's third report",
-        lambda: (h := run.http.get(f"/api/v1/gpus/{uuid}/history").json()["samples"]) and len(h) >= 3 and h,
-    )
+
+    def third_report() -> list[dict[str, Any]] | None:
+        # a 404 until the agent's first report is in (the agent started a moment ago, on a loaded machine)
+        r = run.http.get(f"/api/v1/gpus/{uuid}/history")
+        assert r.status_code in (200, 404), r.text
+        samples: list[dict[str, Any]] = r.json()["samples"] if r.status_code == 200 else []
+        return samples if len(samples) >= 3 else None
+
+    history = until("the lab agent's third report", third_report)
     temps = {float(h["temperature_c"]) for h in history}
     page.goto(f"/ui/nodes/{node}")
     chart = page.locator("#gpu-0 .chart-temperature svg")
