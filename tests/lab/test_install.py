@@ -96,6 +96,19 @@ def delta_bytes(f: Flow) -> float:
     return float(m.group(1))
 
 
+def refused_by_bcm(f: Flow, line: str) -> subprocess.CompletedProcess[str]:
+    """``line`` run as the flow runs its commands, for one that must fail (exit and stderr returned)."""
+    return subprocess.run(
+        ["bash", "-c", line],
+        cwd=f.work,
+        env=f.server.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def ssh_vm(f: Flow, command: str) -> str:
     """``command`` on vm01 over SSH with bcm's key, its host key the one bcm pinned."""
     with sqlite3.connect(f.server.state_dir / "bcm.db") as db:
@@ -183,15 +196,7 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     print(json.dumps({k: node[k] for k in ("installed_image", "install_bytes", "booted_from")}))
 
     # a layout bigger than the inventoried disk: refused before anything runs, the field named
-    done = subprocess.run(
-        ["bash", "-c", ".venv/bin/bcm category install inst --layout big.yaml"],
-        cwd=f.work,
-        env=f.server.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = refused_by_bcm(f, ".venv/bin/bcm category install inst --layout big.yaml")
     assert done.returncode != 0 and "disk_layout.disks[0].partitions[1].size" in done.stderr, done.stderr
     assert f.json("category", "install", "inst")["disk_layout"]["disks"][0]["partitions"][1]["size"] == "256M"
 
@@ -225,15 +230,7 @@ def test_full_install_then_boot_from_disk_fetching_nothing(flow: Flow) -> None: 
     print(f"auto disk:{version} → disk:{new_version}: {sent:.0f} bytes over the wire")
 
     # a data node (the README's last line): a full install is refused with one line naming the confirmation
-    refused = subprocess.run(
-        ["bash", "-c", ".venv/bin/bcm node install vm01 --mode full"],
-        cwd=f.work,
-        env=f.server.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = refused_by_bcm(f, ".venv/bin/bcm node install vm01 --mode full")
     assert refused.returncode != 0 and "data node" in refused.stderr and "--confirm-wipe" in refused.stderr, (
         refused.stderr
     )
